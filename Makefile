@@ -1,0 +1,32 @@
+# One entry point for people and CI. `make test` and `make demo` build the virtual
+# environment on first use; the CPU torch wheel is installed first so that pip never
+# pulls a multi-GB CUDA build on a machine without a GPU.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup test lint demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(VENV)/bin/ruff check .
+	DS_ACCELERATOR=cpu $(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+demo: setup
+	DS_ACCELERATOR=cpu PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+clean:
+	rm -rf $(VENV) demo-output .pytest_cache

@@ -1,0 +1,1 @@
+"""Pieces shared by preprocessing and trainer."""

@@ -1,0 +1,26 @@
+"""Command-line plumbing shared by ``python -m preprocessing`` and ``python -m trainer``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from common.config import ConfigError
+
+
+def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides)."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
+    """Run ``main``; a ConfigError (or other user error) becomes one line on stderr, exit 2."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(main(sys.argv[1:] if argv is None else argv) or 0)
+    except (ConfigError, FileNotFoundError, PermissionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
