@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# No model hub is reachable here: fail fast instead of retrying the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"

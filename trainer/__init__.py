@@ -1,0 +1,1 @@
+"""Teacher -> student masked-LM distillation on DeepSpeed ZeRO."""

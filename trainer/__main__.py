@@ -1,0 +1,40 @@
+"""``python -m trainer COMMAND ...``: one entry point, one module per command.
+
+Each command's module has ``main(argv: list[str]) -> int``; modules load lazily so that
+``plan`` or ``pull`` never pay for importing DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from common.cli import run_cli
+
+COMMANDS = {
+    "train": ("trainer.train", "distil a student (normally started by `deepspeed launch/run.sh`)"),
+    "plan": ("trainer.plan", "validate a config and size the run without training"),
+    "export": ("trainer.export", "write a Hugging Face model directory from a checkpoint"),
+    "pull": ("trainer.pull", "download a registered student (models:/NAME@ALIAS) to a directory"),
+    "finetune": ("trainer.finetune", "fine-tune a student on a text-classification dataset"),
+    "register": ("trainer.registry", "register an exported student in the MLflow model registry"),
+    "promote": ("trainer.registry", "point an alias at a registered student version"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m trainer COMMAND [ARGS ...]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return module.main(argv) if argv[0] in ("register", "promote") else module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,207 @@
+"""The trainer's typed config: one YAML preset in ``configs/`` plus ``key=value`` overrides.
+
+The top-level keys users override most (``teacher``, ``data``, ``output_dir``, ``max_steps``,
+``global_batch_size``, ``micro_batch_size``, ``seed``) sit at the root; everything else is
+grouped by the component that reads it. Each section is validated on load, before any model
+or data is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Literal
+
+from common.config import require
+
+
+@dataclasses.dataclass
+class StudentConfig:
+    """How the student is made.
+
+    ``from_teacher``: same width as the teacher, layers copied from ``teacher_layers``
+    (default: every other teacher layer, DistilBERT's [0,2,4,7,9,11] for 12 layers).
+    ``random``: an explicit architecture (any field left unset is the teacher's), random init.
+    """
+
+    init: Literal["from_teacher", "random"] = "from_teacher"
+    teacher_layers: list[int] | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+
+    def validate(self) -> None:
+        if self.init == "from_teacher":
+            for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+                require(getattr(self, key) is None, f"student.{key}", "only applies to student.init=random")
+            if self.teacher_layers is not None:
+                require(len(self.teacher_layers) > 0, "student.teacher_layers", "must not be empty")
+                require(
+                    self.teacher_layers == sorted(set(self.teacher_layers)),
+                    "student.teacher_layers",
+                    "must be strictly increasing",
+                )
+        else:
+            require(self.teacher_layers is None, "student.teacher_layers", "only applies to init=from_teacher")
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"student.{key}", "must be positive")
+        if self.hidden_size is not None and self.num_attention_heads is not None:
+            require(
+                self.hidden_size % self.num_attention_heads == 0,
+                "student.hidden_size",
+                f"must be divisible by num_attention_heads ({self.num_attention_heads})",
+            )
+
+
+@dataclasses.dataclass
+class ObjectiveConfig:
+    """Loss weights; a zero weight means the term is not computed at all."""
+
+    ce: float = 5.0  # KL(teacher || student) at `temperature`, times T^2
+    mlm: float = 2.0  # cross-entropy against the masked tokens
+    cos: float = 1.0  # 1 - cos(student, teacher) last hidden states
+    mse: float = 0.0  # MSE between student and teacher logits
+    temperature: float = 2.0
+    ce_positions: Literal["masked", "all"] = "masked"
+
+    def validate(self) -> None:
+        for key in ("ce", "mlm", "cos", "mse"):
+            require(getattr(self, key) >= 0, f"objective.{key}", "loss weights must be >= 0")
+        require(self.temperature > 0, "objective.temperature", "must be > 0")
+
+
+@dataclasses.dataclass
+class MaskingConfig:
+    """Dynamic masking, drawn afresh each step on the device (RoBERTa/DistilBERT style)."""
+
+    probability: float = 0.15
+    replace_mask: float = 0.8  # of the chosen tokens: share replaced by [MASK]
+    replace_random: float = 0.1  # ... by a random token (the rest stay unchanged)
+    frequency_smoothing: float | None = None  # e.g. 0.7: choose token t with p ∝ count(t)^-0.7
+    whole_word: bool = False
+
+    def validate(self) -> None:
+        require(0 < self.probability < 1, "masking.probability", "must be in (0, 1)")
+        require(
+            self.replace_mask >= 0 and self.replace_random >= 0 and self.replace_mask + self.replace_random <= 1,
+            "masking.replace_mask",
+            "replace_mask and replace_random must be >= 0 and sum to at most 1",
+        )
+        require(
+            self.frequency_smoothing is None or self.frequency_smoothing > 0,
+            "masking.frequency_smoothing",
+            "must be a positive exponent (0.7 in DistilBERT)",
+        )
+
+
+@dataclasses.dataclass
+class LoaderConfig:
+    shuffle_buffer: int = 10_000
+    num_workers: int = 2
+
+    def validate(self) -> None:
+        require(self.shuffle_buffer >= 1, "loader.shuffle_buffer", "must be >= 1")
+        require(self.num_workers >= 0, "loader.num_workers", "must be >= 0")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    lr: float = 5e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05  # linear warmup, then linear decay to zero at max_steps
+    grad_clip: float = 5.0
+
+    def validate(self) -> None:
+        require(self.lr > 0, "optimizer.lr", "must be > 0")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas", "two in [0,1)")
+        require(0 <= self.warmup_fraction < 1, "optimizer.warmup_fraction", "must be in [0, 1)")
+        require(self.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
+
+
+@dataclasses.dataclass
+class DeepSpeedConfig:
+    config: str = "configs/deepspeed/zero2.json"  # the ZeRO stage and offload live in this JSON
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    every_steps: int = 1000
+    keep_last: int = 3
+
+    def validate(self) -> None:
+        require(self.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
+        require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    every_steps: int = 1000
+    max_batches: int = 50
+
+    def validate(self) -> None:
+        require(self.every_steps >= 1, "eval.every_steps", "must be >= 1")
+        require(self.max_batches >= 1, "eval.max_batches", "must be >= 1")
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+    every_steps: int = 10
+
+    def validate(self) -> None:
+        require(self.every_steps >= 1, "logging.every_steps", "must be >= 1")
+
+
+@dataclasses.dataclass
+class MlflowConfig:
+    enabled: bool = True
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    experiment: str = "distillation"
+    run_name: str | None = None
+    register_as: str | None = None  # registered model name for the exported student
+    alias: str | None = None  # alias given to the new version, e.g. "candidate"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    teacher: str  # Hugging Face masked-LM: local directory or hub id
+    data: str  # dataset directory written by `python -m preprocessing`
+    output_dir: str
+    max_steps: int = 1000
+    global_batch_size: int = 4096  # = micro_batch_size x gradient accumulation x world size
+    micro_batch_size: int = 16
+    seed: int = 0
+    student: StudentConfig = field(default_factory=StudentConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def validate(self) -> None:
+        require(self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
+        require(
+            self.global_batch_size >= self.micro_batch_size and self.global_batch_size % self.micro_batch_size == 0,
+            "global_batch_size",
+            f"must be a multiple of micro_batch_size ({self.micro_batch_size})",
+        )
+
+    def gradient_accumulation_steps(self, world_size: int) -> int:
+        """Accumulation such that micro x accumulation x world == global, exactly."""
+        per_step = self.micro_batch_size * world_size
+        require(
+            self.global_batch_size % per_step == 0,
+            "global_batch_size",
+            f"{self.global_batch_size} is not micro_batch_size ({self.micro_batch_size}) x world size "
+            f"({world_size}) x an integer gradient accumulation",
+        )
+        return self.global_batch_size // per_step
