@@ -30,3 +30,33 @@ def bert_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def sample_corpus() -> Path:
     return SAMPLE_CORPUS
+
+
+def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
+    """A small seeded ``BertForMaskedLM`` with the real bert-base-uncased vocabulary, saved like a hub model.
+
+    Stands in for bert-base-uncased in tests: same tokenizer and vocabulary (30522), same
+    512 positions, tiny width and depth so a CPU step takes milliseconds.
+    """
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    model = BertForMaskedLM(config)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True).save_pretrained(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_dir: Path) -> Path:
+    return build_tiny_teacher(tmp_path_factory.mktemp("tiny-teacher"), bert_tokenizer_dir)
