@@ -56,6 +56,57 @@ class StudentConfig:
 
 
 @dataclasses.dataclass
+class TinyBertConfig:
+    """TinyBERT transformer-layer distillation (Jiao et al., 2020); each weight 0 = off."""
+
+    embedding: float = 0.0  # MSE(E_s W_e, E_t) of the embedding outputs
+    hidden: float = 0.0  # sum over mapped layers of MSE(H_s W_h, H_t)
+    attention: float = 0.0  # sum over mapped layers of the attention-score MSE, per head, real tokens only
+    teacher_layers: list[int] | None = None  # teacher layer (0-based) per student layer; None: uniform g(m) = m*k
+
+    def validate(self) -> None:
+        for key in ("embedding", "hidden", "attention"):
+            require(getattr(self, key) >= 0, f"objective.tinybert.{key}", "loss weights must be >= 0")
+        check_layer_list(self.teacher_layers, "objective.tinybert.teacher_layers")
+
+
+@dataclasses.dataclass
+class PkdConfig:
+    """Patient knowledge distillation (Sun et al., 2019): normalised [CLS] states of intermediate layers."""
+
+    weight: float = 0.0  # beta
+    strategy: Literal["skip", "last"] = "skip"  # PKD-Skip: every k-th teacher layer; PKD-Last: the last ones
+    teacher_layers: list[int] | None = None  # explicit teacher layer per student intermediate layer
+
+    def validate(self) -> None:
+        require(self.weight >= 0, "objective.pkd.weight", "loss weights must be >= 0")
+        check_layer_list(self.teacher_layers, "objective.pkd.teacher_layers")
+
+
+@dataclasses.dataclass
+class MiniLmConfig:
+    """MiniLM deep self-attention distillation (Wang et al., 2020) on the student's last layer."""
+
+    attention: float = 0.0  # KL of the self-attention distributions softmax(Q Kᵀ/√d)
+    value: float = 0.0  # KL of the value relations softmax(V Vᵀ/√d)
+    teacher_layer: int = -1  # the teacher layer to mimic (negative counts from the end; -1 = last)
+    relation_heads: int | None = None  # None: each model's own heads (must be equal); else MiniLMv2 relation heads
+
+    def validate(self) -> None:
+        for key in ("attention", "value"):
+            require(getattr(self, key) >= 0, f"objective.minilm.{key}", "loss weights must be >= 0")
+        require(
+            self.relation_heads is None or self.relation_heads > 0, "objective.minilm.relation_heads", "must be > 0"
+        )
+
+
+def check_layer_list(layers: list[int] | None, key: str) -> None:
+    if layers is not None:
+        require(len(layers) > 0, key, "must not be empty (leave it unset for the default map)")
+        require(all(i >= 0 for i in layers), key, "layer indices are 0-based and must be >= 0")
+
+
+@dataclasses.dataclass
 class ObjectiveConfig:
     """Loss weights; a zero weight means the term is not computed at all."""
 
@@ -65,6 +116,10 @@ class ObjectiveConfig:
     mse: float = 0.0  # MSE between student and teacher logits
     temperature: float = 2.0
     ce_positions: Literal["masked", "all"] = "masked"
+    # Intermediate-layer distillation (trainer/layer_distillation.py), combinable with the terms above.
+    tinybert: TinyBertConfig = field(default_factory=TinyBertConfig)
+    pkd: PkdConfig = field(default_factory=PkdConfig)
+    minilm: MiniLmConfig = field(default_factory=MiniLmConfig)
 
     def validate(self) -> None:
         for key in ("ce", "mlm", "cos", "mse"):
