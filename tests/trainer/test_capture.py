@@ -1,0 +1,85 @@
+"""Capture records exactly the mapped layers, changes nothing, and its tensors are the model's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import BertConfig, BertForMaskedLM, BertModel, RobertaConfig, RobertaForMaskedLM
+
+from trainer.capture import CaptureSpec, capture, encoder_parts
+from trainer.layer_losses import scaled_relation
+
+SHAPE = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64, vocab_size=120)
+
+
+def build(cls: type, config_cls: type, attn: str = "sdpa") -> nn.Module:
+    torch.manual_seed(0)
+    extra = {"pad_token_id": 1, "max_position_embeddings": 40} if config_cls is RobertaConfig else {}
+    model = cls(config_cls(**SHAPE, **extra, attn_implementation=attn))
+    return model.eval()
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(5, 120, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[1, 6:] = 1  # padding
+    return ids, mask
+
+
+MODELS = [(BertForMaskedLM, BertConfig), (BertModel, BertConfig), (RobertaForMaskedLM, RobertaConfig)]
+
+
+@pytest.mark.parametrize(("cls", "config_cls"), MODELS)
+def test_capture_records_only_the_mapped_layers_and_leaves_outputs_unchanged(cls, config_cls):
+    model = build(cls, config_cls)
+    ids, mask = batch()
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        hooks_before = sum(len(m._forward_hooks) for m in model.modules())  # transformers' own, lazily added
+        spec = CaptureSpec(embeddings=True, hidden=(1, 3), qkv=(2,))
+        with capture(model, spec) as got:
+            captured_out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    first = "logits" if "logits" in plain else "last_hidden_state"
+    assert torch.equal(plain[first], captured_out[first])
+    assert sorted(got.hidden) == [1, 3] and sorted(got.query) == sorted(got.key) == sorted(got.value) == [2]
+    states = captured_out.hidden_states  # (embeddings, layer 0, ..., layer 3)
+    assert torch.equal(got.embeddings, states[0])
+    for layer in (1, 3):
+        assert torch.equal(got.hidden[layer], states[layer + 1])
+    assert model.config._attn_implementation == "sdpa"  # no layer was switched to eager attention
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks_before  # ours are gone after the block
+    assert got.query[2].shape == (2, 9, 32) and len(encoder_parts(model)[1]) == 4
+
+
+@pytest.mark.parametrize(("cls", "config_cls"), [MODELS[0], MODELS[2]])
+def test_recomputed_scores_are_the_models_attention(cls, config_cls):
+    """softmax(Q Kᵀ/√d + padding mask) from captured Q, K equals what eager attention computes."""
+    model = build(cls, config_cls, attn="eager")
+    ids, mask = batch()
+    with torch.no_grad(), capture(model, CaptureSpec(qkv=(0, 2))) as got:
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    for layer in (0, 2):
+        scores = scaled_relation(got.query[layer], got.key[layer], num_heads=4)
+        scores = scores.masked_fill(~mask.bool()[:, None, None, :], float("-inf"))
+        torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+
+
+def test_capture_keeps_gradients_flowing_to_the_student():
+    model = build(BertForMaskedLM, BertConfig).train()
+    ids, mask = batch()
+    with capture(model, CaptureSpec(hidden=(0,), qkv=(1,))) as got:
+        model(input_ids=ids, attention_mask=mask)
+    (got.hidden[0].square().mean() + got.value[1].square().mean()).backward()
+    assert model.bert.encoder.layer[0].output.dense.weight.grad.abs().sum() > 0
+    assert model.bert.encoder.layer[1].attention.self.value.weight.grad.abs().sum() > 0
+    assert model.bert.encoder.layer[2].output.dense.weight.grad is None  # above the captured layers
+
+
+def test_capture_rejects_missing_layers_and_non_bert_models():
+    model = build(BertModel, BertConfig)
+    with pytest.raises(IndexError, match="has 4 layers"), capture(model, CaptureSpec(hidden=(4,))):
+        pass
+    with pytest.raises(TypeError, match="BERT-style encoder"), capture(nn.Linear(2, 2), CaptureSpec()):
+        pass
