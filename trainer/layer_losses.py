@@ -3,8 +3,8 @@
 Every function takes already-captured tensors (see ``trainer.capture``) and the ``[batch, seq]``
 mask of real tokens, and returns a scalar in float32 whatever the training dtype, so that bf16
 activations do not lose the small differences these losses are made of. Padded positions never
-contribute: not to a sum, not to a mean's denominator. The formulas are written out in
-``docs/objectives.md``.
+contribute: not to a sum, not to a mean's denominator (an all-padding batch gives 0, not NaN).
+The formulas are written out in ``docs/objectives.md``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def hidden_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor)
     """
     keep = mask.to(torch.float32).unsqueeze(-1)
     squared = (student.float() - teacher.float()).square() * keep
-    return squared.sum() / (keep.sum() * student.shape[-1])
+    return squared.sum() / (keep.sum() * student.shape[-1]).clamp_min(1.0)
 
 
 def attention_score_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,7 +50,7 @@ def attention_score_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torc
     real = mask.to(torch.float32)
     pairs = (real.unsqueeze(-1) * real.unsqueeze(-2)).unsqueeze(1)  # [batch, 1, seq, seq]
     squared = (student.float() - teacher.float()).square() * pairs
-    return squared.sum() / (pairs.sum() * student.shape[1])
+    return squared.sum() / (pairs.sum() * student.shape[1]).clamp_min(1.0)
 
 
 def relation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,7 @@ def relation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask
     per_key = torch.where(keys, log_t.exp() * (log_t - log_s), 0.0)
     queries = mask.to(torch.float32)[:, None, :]  # [batch, 1, seq]
     per_query = per_key.sum(-1) * queries  # [batch, heads, seq]
-    return per_query.sum() / (queries.sum() * student_logits.shape[1])
+    return per_query.sum() / (queries.sum() * student_logits.shape[1]).clamp_min(1.0)
 
 
 def pkd_patient_loss(student_cls: torch.Tensor, teacher_cls: torch.Tensor) -> torch.Tensor:
