@@ -60,3 +60,52 @@ def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_teacher_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_dir: Path) -> Path:
     return build_tiny_teacher(tmp_path_factory.mktemp("tiny-teacher"), bert_tokenizer_dir)
+
+
+def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path], **overrides: object) -> Path:
+    """Run the real preprocessing pipeline (``python -m preprocessing``, DirectRunner) into ``out_dir``.
+
+    ``overrides`` are config keys (``max_seq_len=64``); a dict value sets a section
+    (``beam={"direct_num_workers": 2}``). Returns ``out_dir``; raises with the tool's
+    output if the run fails.
+    """
+    import json
+    import subprocess
+    import sys
+
+    corpora = corpus if isinstance(corpus, list) else [corpus]
+    settings: dict[str, object] = {
+        "input": [str(c) for c in corpora],
+        "tokenizer": str(tokenizer_dir),
+        "output": str(out_dir),
+    }
+    settings.update(overrides)
+    args = []
+    for key, value in settings.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, item in items:
+            args.append(f"{key}.{sub}={json.dumps(item)}" if sub else f"{key}={json.dumps(item)}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocessing", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"preprocessing failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return Path(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_dir: Path, sample_corpus: Path) -> Path:
+    """The sample corpus as a real dataset: max_seq_len 64, 8 train shards of 128 sequences, 2 valid shards."""
+    return build_dataset(
+        tmp_path_factory.mktemp("tiny-dataset") / "dataset",
+        bert_tokenizer_dir,
+        sample_corpus,
+        max_seq_len=64,
+        samples_per_shard=128,
+        valid_fraction=0.1,
+        seed=0,
+        beam={"direct_num_workers": 2},
+    )

@@ -1,0 +1,1 @@
+"""Corpus preprocessing: raw text -> tokenized, packed, deterministic WebDataset shards (Apache Beam)."""

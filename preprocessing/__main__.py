@@ -1,0 +1,22 @@
+"""``python -m preprocessing [CONFIG.yaml] [key=value ...]``: build a dataset directory."""
+
+from __future__ import annotations
+
+import sys
+
+from common.cli import run_cli, split_config_args
+from common.config import load_config
+from preprocessing.config import PreprocessConfig
+
+
+def main(argv: list[str]) -> int:
+    from preprocessing.pipeline import run
+
+    path, overrides = split_config_args(argv)
+    cfg = load_config(PreprocessConfig, path, overrides)
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

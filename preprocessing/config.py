@@ -1,0 +1,77 @@
+"""The preprocessing config: what ``python -m preprocessing CONFIG.yaml key=value ...`` accepts.
+
+Only ``input``, ``tokenizer`` and ``output`` lack defaults. The ``beam`` section is a free
+mapping handed to Beam as pipeline options, so any runner option (Dataflow, Flink, Spark)
+works without a code change; when it names no runner, the embedded default is the
+DirectRunner in multi-processing mode with one worker per core.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from common.config import require
+
+DIRECT_DEFAULTS: dict[str, Any] = {
+    "runner": "DirectRunner",
+    "direct_running_mode": "multi_processing",
+    "direct_num_workers": os.cpu_count() or 1,
+}
+
+
+@dataclass
+class PreprocessConfig:
+    input: list[str]
+    """Paths or globs, local or any Beam filesystem URL (gs://, s3://, ...)."""
+    tokenizer: str
+    """A local directory holding a Hugging Face fast tokenizer, or a hub id."""
+    output: str
+    """The dataset directory (or URL) to create."""
+    max_seq_len: int = 512
+    samples_per_shard: int = 10_000
+    valid_fraction: float = 0.01
+    seed: int = 0
+    """Salts the document hash, which decides the train/valid split and the document order."""
+    overwrite: bool = False
+    text_field: str = "text"
+    """JSON key / Parquet column holding the text."""
+    min_doc_chars: int = 16
+    """Cleaned documents shorter than this are dropped as too short."""
+    max_doc_chars: int = 1_000_000
+    """Longer documents are dropped (and streamed past, never held whole)."""
+    invalid_utf8: Literal["drop", "replace"] = "drop"
+    """A record that is not valid UTF-8 is dropped, or repaired with U+FFFD."""
+    tokenize_batch_chars: int = 1_000_000
+    """Documents are tokenized in batches of about this many characters."""
+    bucket_input_bytes: int = 64 * 1024 * 1024
+    """Input bytes per hash bucket: bounds the memory one worker needs to sort a bucket."""
+    beam: dict[str, Any] = field(default_factory=dict)
+    """Beam pipeline options, passed through unchanged (runner, direct_num_workers, project, ...)."""
+
+    def validate(self) -> None:
+        require(len(self.input) > 0, "input", "give at least one path or glob")
+        require(all(self.input), "input", "paths must not be empty")
+        require(bool(self.tokenizer), "tokenizer", "must name a tokenizer directory or hub id")
+        require(bool(self.output), "output", "must name the dataset directory")
+        require(self.max_seq_len >= 8, "max_seq_len", f"must be at least 8, got {self.max_seq_len}")
+        require(self.samples_per_shard >= 1, "samples_per_shard", f"must be >= 1, got {self.samples_per_shard}")
+        require(0.0 <= self.valid_fraction < 1.0, "valid_fraction", f"must be in [0, 1), got {self.valid_fraction}")
+        require(0 <= self.seed < 2**63, "seed", f"must be a non-negative integer, got {self.seed}")
+        require(self.min_doc_chars >= 1, "min_doc_chars", f"must be >= 1, got {self.min_doc_chars}")
+        require(
+            self.max_doc_chars >= self.min_doc_chars,
+            "max_doc_chars",
+            f"must be >= min_doc_chars ({self.min_doc_chars}), got {self.max_doc_chars}",
+        )
+        require(self.tokenize_batch_chars >= 1, "tokenize_batch_chars", "must be >= 1")
+        require(self.bucket_input_bytes >= 1024, "bucket_input_bytes", "must be >= 1024")
+        require(bool(self.text_field), "text_field", "must not be empty")
+
+    def beam_options(self) -> dict[str, Any]:
+        """The ``beam`` section, completed with the DirectRunner defaults when it runs locally."""
+        runner = self.beam.get("runner", "DirectRunner")
+        if runner in ("DirectRunner", "direct"):
+            return {**DIRECT_DEFAULTS, **self.beam}
+        return dict(self.beam)

@@ -1,0 +1,108 @@
+"""Checks that run before any Beam work: every mistake here is a one-line error naming the key.
+
+It resolves the input globs (an input matching no file, or a file of unknown format, is an
+error), loads the tokenizer once, and proves the output is writable and not already a
+complete dataset (unless ``overwrite=true``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from common.config import ConfigError
+from common.tokenizer import load_tokenizer, tokenizer_identity
+from preprocessing.config import PreprocessConfig
+from preprocessing.manifest import MANIFEST
+from preprocessing.packing import tokenizer_dtype
+from preprocessing.readers import detect_format
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything the pipeline needs that was resolved up front."""
+
+    files: list[str]
+    input_bytes: int
+    output: str
+    identity: dict[str, Any]
+    dtype: str
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    num_buckets: int
+
+
+def absolute(path: str) -> str:
+    """Local paths become absolute (Beam workers may run elsewhere); URLs stay as they are."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def resolve_inputs(patterns: list[str]) -> tuple[list[str], int]:
+    """Matched files, sorted and de-duplicated, and their total size in bytes."""
+    sizes: dict[str, int] = {}
+    for i, pattern in enumerate(patterns):
+        try:
+            matches = FileSystems.match([absolute(pattern)])[0].metadata_list
+        except (BeamIOError, ValueError, OSError) as err:
+            raise ConfigError(f"input[{i}]: cannot list {pattern!r}: {err}") from None
+        files = [m for m in matches if not m.path.endswith("/")]
+        if not files:
+            raise ConfigError(f"input[{i}]: {pattern!r} matches no file")
+        for meta in files:
+            try:
+                detect_format(meta.path)
+            except ValueError as err:
+                raise ConfigError(f"input[{i}]: {err}") from None
+            sizes[meta.path] = meta.size_in_bytes
+    return sorted(sizes), sum(sizes.values())
+
+
+def check_output(output: str, overwrite: bool) -> None:
+    if FileSystems.exists(FileSystems.join(output, MANIFEST)) and not overwrite:
+        raise ConfigError(f"output: {output!r} already holds a complete dataset; set overwrite=true to replace it")
+    probe = FileSystems.join(output, f".write-probe-{uuid.uuid4().hex}")
+    try:
+        with FileSystems.create(probe) as handle:
+            handle.write(b"")
+        FileSystems.delete([probe])
+    except (BeamIOError, OSError) as err:
+        raise ConfigError(f"output: cannot write to {output!r}: {err}") from None
+
+
+def check_beam_options(options: dict[str, Any]) -> None:
+    known = PipelineOptions([]).get_all_options()
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"beam.{key}: not a Beam pipeline option")
+
+
+def preflight(cfg: PreprocessConfig) -> RunPlan:
+    check_beam_options(cfg.beam_options())
+    files, input_bytes = resolve_inputs(cfg.input)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    identity = tokenizer_identity(tokenizer, cfg.tokenizer)
+    ids = identity["special_token_ids"]
+    missing = [name for name in ("cls", "sep", "pad") if name not in ids]
+    if missing:
+        raise ConfigError(f"tokenizer: {cfg.tokenizer!r} defines no {', '.join(missing)} token")
+    output = absolute(cfg.output)
+    check_output(output, cfg.overwrite)
+    return RunPlan(
+        files=files,
+        input_bytes=input_bytes,
+        output=output,
+        identity=identity,
+        dtype=tokenizer_dtype(identity["vocab_size"]).name,
+        cls_id=ids["cls"],
+        sep_id=ids["sep"],
+        pad_id=ids["pad"],
+        num_buckets=max(1, math.ceil(input_bytes / cfg.bucket_input_bytes)),
+    )

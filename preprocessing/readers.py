@@ -1,0 +1,318 @@
+"""Streaming document readers for .txt, .jsonl and .parquet, each optionally .gz/.bz2/.zst.
+
+Every file is opened through Beam's ``FileSystems``, so local paths and gs://, s3://, hdfs://
+URLs read the same way. Files are read in bounded chunks: a multi-GB file or a 100 MB single
+line never sits in memory whole. Once a record grows past the byte bound implied by
+``max_doc_chars`` the reader stops buffering it, skips to its end and counts it as too long.
+
+Readers yield raw document texts and record every other outcome in a ``Counter`` (keys are
+``documents.read``, ``documents.dropped.<reason>``, ``documents.repaired.<reason>``,
+``files.<outcome>`` and ``input_bytes``), which the pipeline turns into manifest counts.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import shutil
+import tempfile
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+FORMATS = ("txt", "jsonl", "parquet")
+COMPRESSIONS = {"gz": "gz", "bz2": "bz2", "zst": "zst", "zstd": "zst"}
+CHUNK_BYTES = 1 << 20
+SNIFF_BYTES = 8192
+# Bytes that never occur in text: C0 controls except \t \n \v \f \r, and DEL.
+_CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32), 127])
+_TEXT_BYTES = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
+_BINARY_FRACTION = 0.10
+# Errors a damaged compressed stream raises part-way through.
+_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    text_field: str = "text"
+    max_doc_chars: int = 1_000_000
+    invalid_utf8: str = "drop"
+
+    def line_limit(self, fmt: str) -> int:
+        """Bytes beyond which a record surely exceeds max_doc_chars (a char is <= 4 UTF-8 bytes,
+        <= 12 bytes as a JSON surrogate-pair escape; JSON lines may carry other fields)."""
+        return 4 * self.max_doc_chars if fmt == "txt" else 12 * self.max_doc_chars + 65536
+
+
+def detect_format(path: str) -> tuple[str, str | None]:
+    """``a/b.jsonl.gz`` -> ("jsonl", "gz"); raises ValueError for anything else."""
+    parts = path.rsplit("/", 1)[-1].lower().split(".")
+    compression = COMPRESSIONS.get(parts[-1]) if len(parts) > 2 else None
+    fmt = parts[-2] if compression else parts[-1]
+    if len(parts) < 2 or fmt not in FORMATS:
+        raise ValueError(
+            f"cannot tell the format of {path!r}: expected .txt, .jsonl or .parquet, optionally + .gz/.bz2/.zst"
+        )
+    return fmt, compression
+
+
+def read_documents(path: str, opts: ReadOptions, counts: Counter) -> Iterator[str]:
+    """Yield the raw text of every readable document in ``path``; count everything else."""
+    fmt, compression = detect_format(path)
+    counts["files.read"] += 1
+    with open_decompressed(path, compression) as stream:
+        if fmt == "parquet":
+            yield from _read_parquet(stream, compression, opts, counts)
+            return
+        chunks = _chunks(stream, counts)
+        try:
+            first = next(chunks, b"")
+            if not first:
+                counts["files.empty"] += 1
+                return
+            if looks_binary(first[:SNIFF_BYTES]):
+                counts["files.binary"] += 1
+                return
+            lines = iter_lines(_prepend(first, chunks), opts.line_limit(fmt))
+            records = _jsonl_records(lines, opts, counts) if fmt == "jsonl" else _txt_records(lines, opts, counts)
+            yield from records
+        except _STREAM_ERRORS:
+            # A truncated or corrupt compressed file: everything before the damage was kept.
+            counts["files.truncated"] += 1
+
+
+def open_decompressed(path: str, compression: str | None) -> IO[bytes]:
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if compression == "gz":
+        return gzip.GzipFile(fileobj=raw)
+    if compression == "bz2":
+        return bz2.BZ2File(raw)
+    if compression == "zst":
+        return ZstdReader(raw)
+    return raw
+
+
+class ZstdReader:
+    """A .zst stream that, unlike ``zstandard``'s stream_reader, raises on a truncated frame."""
+
+    def __init__(self, raw: IO[bytes], raw_chunk: int = 16384):
+        self.raw = raw
+        self.raw_chunk = raw_chunk
+        self.decompressor = zstandard.ZstdDecompressor()
+        self.frame = self.decompressor.decompressobj()
+        self.frame_started = False
+        self.buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.buffer) < size:
+            data = self.raw.read(self.raw_chunk)
+            if not data:
+                if self.frame_started and not self.frame.eof:
+                    raise EOFError("zstd stream ended in the middle of a frame")
+                break
+            while data:
+                if self.frame.eof:
+                    self.frame = self.decompressor.decompressobj()
+                self.frame_started = True
+                self.buffer += self.frame.decompress(data)
+                data = self.frame.unused_data if self.frame.eof else b""
+        out, self.buffer = (self.buffer, b"") if size < 0 else (self.buffer[:size], self.buffer[size:])
+        return out
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> ZstdReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def looks_binary(sample: bytes) -> bool:
+    """Binary if over 10% of the first bytes are control bytes or invalid UTF-8.
+
+    A text file with a few NULs stays text (cleaning removes them); images, archives and
+    executables do not.
+    """
+    if not sample:
+        return False
+    control = len(sample.translate(None, _TEXT_BYTES))
+    invalid = sample.decode("utf-8", "replace").count("\ufffd") - sample.count("\ufffd".encode())
+    return control + invalid > _BINARY_FRACTION * len(sample)
+
+
+def iter_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
+    """Split a chunk stream into lines (without ``\\n``); a line over ``limit`` bytes yields None.
+
+    An over-long line is never held: once the pending part passes ``limit`` it is discarded
+    and the rest of the line is skipped chunk by chunk, so memory stays O(limit + chunk).
+    """
+    pending = bytearray()
+    skipping = False
+    for chunk in chunks:
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:
+            if skipping:
+                skipping = False
+                yield None
+                continue
+            if pending:
+                pending += piece
+                piece = bytes(pending)
+                pending.clear()
+            yield piece if len(piece) <= limit else None
+        if not skipping:
+            pending += pieces[-1]
+            if len(pending) > limit:
+                pending.clear()
+                skipping = True
+    if skipping:
+        yield None
+    elif pending:
+        yield bytes(pending)
+
+
+def decode_utf8(data: bytes, opts: ReadOptions, counts: Counter) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        if opts.invalid_utf8 == "replace":
+            counts["documents.repaired.invalid_utf8"] += 1
+            return data.decode("utf-8", "replace")
+        counts["documents.dropped.invalid_utf8"] += 1
+        return None
+
+
+def _chunks(stream: IO[bytes], counts: Counter) -> Iterator[bytes]:
+    while chunk := stream.read(CHUNK_BYTES):
+        counts["input_bytes"] += len(chunk)
+        yield chunk
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+def _jsonl_records(lines: Iterable[bytes | None], opts: ReadOptions, counts: Counter) -> Iterator[str]:
+    for line in lines:
+        if line is not None and not line.strip():
+            continue  # blank lines hold no record
+        counts["documents.read"] += 1
+        if line is None:
+            counts["documents.dropped.too_long"] += 1
+            continue
+        decoded = decode_utf8(line, opts, counts)
+        if decoded is None:
+            continue
+        try:
+            record = json.loads(decoded)
+        except ValueError:
+            counts["documents.dropped.malformed_json"] += 1
+            continue
+        if not isinstance(record, dict):
+            counts["documents.dropped.malformed_json"] += 1
+            continue
+        text = checked_text(record.get(opts.text_field), opts.text_field in record, opts, counts)
+        if text is not None:
+            yield text
+
+
+def checked_text(value: object, present: bool, opts: ReadOptions, counts: Counter) -> str | None:
+    """The text field's value, or None after counting why it is unusable."""
+    if not present:
+        reason = "missing_text_field"
+    elif value is None:
+        reason = "null_text"
+    elif not isinstance(value, str):
+        reason = "non_string_text"
+    elif len(value) > opts.max_doc_chars:
+        reason = "too_long"
+    else:
+        return value
+    counts[f"documents.dropped.{reason}"] += 1
+    return None
+
+
+def _txt_records(lines: Iterable[bytes | None], opts: ReadOptions, counts: Counter) -> Iterator[str]:
+    """Documents are runs of non-blank lines separated by blank lines."""
+    limit = opts.line_limit("txt")
+    doc: list[bytes] = []
+    size = 0
+    too_long = False
+    for line in _with_final_blank(lines):
+        if line is not None and not line.strip():
+            if doc or too_long:
+                counts["documents.read"] += 1
+                if too_long:
+                    counts["documents.dropped.too_long"] += 1
+                else:
+                    text = decode_utf8(b"\n".join(doc), opts, counts)
+                    if text is not None:
+                        text = checked_text(text, True, opts, counts)
+                    if text is not None:
+                        yield text
+            doc, size, too_long = [], 0, False
+            continue
+        if too_long:
+            continue
+        size += len(line) + 1 if line is not None else limit + 1
+        if size > limit:
+            doc, too_long = [], True
+        else:
+            doc.append(line)
+
+
+def _with_final_blank(lines: Iterable[bytes | None]) -> Iterator[bytes | None]:
+    yield from lines
+    yield b""
+
+
+def _read_parquet(stream: IO[bytes], compression: str | None, opts: ReadOptions, counts: Counter) -> Iterator[str]:
+    """Parquet needs random access: a compressed file is first spooled to local temp disk."""
+    with tempfile.TemporaryFile() as spool:
+        if compression is not None:
+            try:
+                shutil.copyfileobj(stream, spool, CHUNK_BYTES)
+            except _STREAM_ERRORS:
+                counts["files.truncated"] += 1
+            spool.seek(0)
+            stream = spool
+        try:
+            parquet = pq.ParquetFile(stream)
+        except (pa.ArrowException, OSError):
+            counts["files.corrupt"] += 1
+            return
+        if opts.text_field not in parquet.schema_arrow.names:
+            counts["documents.read"] += parquet.metadata.num_rows
+            counts["documents.dropped.missing_text_field"] += parquet.metadata.num_rows
+            return
+        try:
+            for batch in parquet.iter_batches(batch_size=1024, columns=[opts.text_field]):
+                column = batch.column(0)
+                textual = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                binary = pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)
+                for value in column.to_pylist():
+                    counts["documents.read"] += 1
+                    if binary and value is not None:
+                        counts["input_bytes"] += len(value)
+                        value = decode_utf8(value, opts, counts)
+                        if value is None:
+                            continue
+                    elif textual and value is not None:
+                        counts["input_bytes"] += len(value)
+                    text = checked_text(value, True, opts, counts)
+                    if text is not None:
+                        yield text
+        except (pa.ArrowException, OSError):
+            counts["files.corrupt"] += 1
