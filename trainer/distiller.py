@@ -1,0 +1,235 @@
+"""The module DeepSpeed trains: the student, the objective, and (held aside) the frozen teacher.
+
+``deepspeed.initialize(model=Distiller(...))`` sees only the student (and any learned parameters
+a loss adds): those are what ZeRO partitions, optimises and checkpoints. The teacher is kept in
+a plain tuple, which ``nn.Module`` does not register, so it is in no optimizer, no checkpoint
+and no ZeRO-3 partition; every rank holds a full replica in the training dtype and runs it
+forward under ``no_grad``. The caller moves it to the device (``teacher.to(device)``) itself.
+
+One step computes only what the weighted terms need (a zero weight means not computed):
+
+* the teacher runs at all only if a term compares with it;
+* vocabulary logits are computed only where a loss reads them: at the masked positions (a fixed
+  budget of ``ceil(p * seq)`` slots per sequence, see :func:`masked_positions`), or at every
+  position for ``objective.ce_positions=all``. ``[batch, seq, vocab]`` logits are never built
+  otherwise;
+* nothing is read back to the host, so the step never waits for the device.
+
+Pass ``attention_mask=None`` for a batch without padding (the packed common case; decide it on
+the host before the batch is copied to the device): the model then takes SDPA's unmasked
+(flash) path, and Hugging Face does not check the mask's contents on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from common.config import require
+from trainer.config import ObjectiveConfig, TrainConfig
+from trainer.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
+from trainer.masking import IGNORE_INDEX, max_masked
+from trainer.modeling import check_student, distillation_flops_per_token, has_mlm_head, mlm_head, student_config
+
+OUTPUT_TERMS = ("ce", "mlm", "cos", "mse")
+LOGIT_TERMS = ("ce", "mse")  # need the teacher's vocabulary logits
+TEACHER_TERMS = ("ce", "cos", "mse")
+
+
+@dataclasses.dataclass
+class Positions:
+    """Where a loss applies: ``index`` ``[batch, P]`` into the sequence (None: every position), and which are real."""
+
+    index: torch.Tensor | None
+    valid: torch.Tensor
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """``x[b, index[b, p]]``: ``[batch, seq, ...]`` -> ``[batch, P, ...]``."""
+        if self.index is None:
+            return x
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]
+        return x[rows, self.index]
+
+
+def masked_positions(labels: torch.Tensor, budget: int) -> Positions:
+    """The masked positions as a fixed ``[batch, budget]`` index (unused slots are not valid).
+
+    A fixed shape keeps the step free of host synchronisation (boolean indexing would have to
+    read the count back). The masker never chooses more than ``budget`` tokens per sequence; a
+    batch that does anyway fails on the device rather than silently dropping predictions.
+    """
+    chosen = labels != IGNORE_INDEX
+    torch._assert_async(chosen.sum(1).max() <= budget, "more masked tokens in a sequence than the masking budget")
+    index = chosen.float().topk(budget, dim=1, sorted=False).indices
+    return Positions(index=index, valid=chosen.gather(1, index))
+
+
+def active_weights(objective: ObjectiveConfig) -> dict[str, float]:
+    """The output-level terms to compute, with their weights (zero-weight terms are left out)."""
+    return {name: getattr(objective, name) for name in OUTPUT_TERMS if getattr(objective, name) > 0}
+
+
+def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig) -> None:
+    """The config checks that need the teacher's architecture; run before any weight is loaded."""
+    check_student(cfg.student, teacher_config)
+    for key in LOGIT_TERMS:
+        require(
+            getattr(cfg.objective, key) == 0 or has_mlm_head(teacher_config),
+            f"objective.{key}",
+            f"needs the teacher's logits, but {cfg.teacher} has no masked-LM head "
+            f"(architectures: {teacher_config.architectures}); set objective.{key}=0",
+        )
+    student_hidden = student_config(cfg.student, teacher_config).hidden_size
+    require(
+        cfg.objective.cos == 0 or student_hidden == teacher_config.hidden_size,
+        "objective.cos",
+        f"compares hidden states, but the student's width ({student_hidden}) differs from the teacher's "
+        f"({teacher_config.hidden_size}); set objective.cos=0",
+    )
+
+
+def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len: int) -> dict[str, Any]:
+    """Which passes a step runs and at what fraction of positions each MLM head runs (for FLOPs)."""
+    weights = active_weights(objective)
+    masked = max_masked(mask_probability, seq_len) / seq_len
+    logits = any(name in weights for name in LOGIT_TERMS)
+    at = 1.0 if objective.ce_positions == "all" else masked
+    return {
+        "teacher_forward": any(name in weights for name in TEACHER_TERMS),
+        "teacher_head_fraction": at if logits else 0.0,
+        "student_head_fraction": at if logits else masked if "mlm" in weights else 0.0,
+    }
+
+
+def step_flops_per_token(
+    objective: ObjectiveConfig,
+    teacher_config: PretrainedConfig,
+    student_config: PretrainedConfig,
+    mask_probability: float,
+    seq_len: int,
+) -> dict[str, float]:
+    """Model FLOPs per token of one distillation step with this objective (see ``modeling``)."""
+    return distillation_flops_per_token(
+        teacher_config, student_config, seq_len, **logit_fractions(objective, mask_probability, seq_len)
+    )
+
+
+class Distiller(nn.Module):
+    """Student + objective; ``forward`` returns ``{"loss": weighted sum, <term>: unweighted value, ...}``."""
+
+    def __init__(
+        self,
+        student: PreTrainedModel,
+        teacher: PreTrainedModel,
+        objective: ObjectiveConfig,
+        mask_probability: float,
+    ) -> None:
+        super().__init__()
+        self.student = student
+        self._teacher = (teacher,)  # a tuple: not registered, so never partitioned, optimised or saved
+        self.objective = objective
+        self.mask_probability = mask_probability
+        self.weights = active_weights(objective)
+
+    @property
+    def teacher(self) -> PreTrainedModel:
+        return self._teacher[0]
+
+    def student_model(self) -> PreTrainedModel:
+        """The student alone, as exported (no teacher, no loss-only parameters)."""
+        return self.student
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """One micro-batch: ``input_ids`` already masked, ``labels`` -100 except at the masked positions."""
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        masked = masked_positions(labels, max_masked(self.mask_probability, input_ids.shape[1]))
+        logits_at = masked if self.objective.ce_positions == "masked" else Positions(index=None, valid=real)
+        student_hidden = self.student.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        student_head = mlm_head(self.student)
+
+        terms: dict[str, torch.Tensor] = {}
+        student_logits = None  # at logits_at, when a logit loss needs them
+        if any(name in self.weights for name in TEACHER_TERMS):
+            with torch.no_grad():
+                teacher_hidden = self.teacher.base_model(
+                    input_ids=input_ids, attention_mask=attention_mask
+                ).last_hidden_state
+            if "cos" in self.weights:
+                terms["cos"] = cosine_loss(student_hidden, teacher_hidden, real)
+            if any(name in self.weights for name in LOGIT_TERMS):
+                student_logits = student_head(logits_at.take(student_hidden))
+                with torch.no_grad():
+                    teacher_logits = mlm_head(self.teacher)(logits_at.take(teacher_hidden))
+                if "ce" in self.weights:
+                    terms["ce"] = kl_distillation_loss(
+                        student_logits, teacher_logits, self.objective.temperature, logits_at.valid
+                    )
+                if "mse" in self.weights:
+                    terms["mse"] = logit_mse_loss(student_logits, teacher_logits, logits_at.valid)
+        if "mlm" in self.weights:
+            if student_logits is None:
+                mlm_logits = student_head(masked.take(student_hidden))
+            else:  # reuse the logits the distillation terms computed
+                mlm_logits = student_logits if logits_at is masked else masked.take(student_logits)
+            terms["mlm"] = masked_lm_loss(mlm_logits, masked.take(labels), masked.valid)
+
+        loss = sum(self.weights[name] * value for name, value in terms.items())
+        return {"loss": loss, **terms}
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        labels: torch.Tensor,
+        with_teacher: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Masked-LM sums on one fixed-mask batch, in eval mode: add them up over batches and ranks,
+        then :func:`eval_metrics`.
+
+        Keys: ``predicted`` (masked tokens), ``student_loss_sum``, ``student_correct``, and when
+        ``with_teacher`` and the teacher has an MLM head, ``teacher_loss_sum``, ``teacher_correct``
+        and ``agreement`` (student and teacher top-1 predictions equal).
+        """
+        masked = masked_positions(labels, max_masked(self.mask_probability, input_ids.shape[1]))
+        targets = masked.take(labels)
+        valid = masked.valid.float()
+        was_training = self.student.training
+        self.student.eval()
+        try:
+            hidden = self.student.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            student_logits = mlm_head(self.student)(masked.take(hidden))
+        finally:
+            self.student.train(was_training)
+        student_top1 = student_logits.argmax(-1)
+        sums = {
+            "predicted": valid.sum(),
+            "student_loss_sum": masked_lm_loss(student_logits, targets, masked.valid) * valid.sum(),
+            "student_correct": ((student_top1 == targets).float() * valid).sum(),
+        }
+        teacher_head = mlm_head(self.teacher)
+        if with_teacher and teacher_head is not None:
+            hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            teacher_logits = teacher_head(masked.take(hidden))
+            teacher_top1 = teacher_logits.argmax(-1)
+            sums["teacher_loss_sum"] = masked_lm_loss(teacher_logits, targets, masked.valid) * valid.sum()
+            sums["teacher_correct"] = ((teacher_top1 == targets).float() * valid).sum()
+            sums["agreement"] = ((student_top1 == teacher_top1).float() * valid).sum()
+        return sums
+
+
+def eval_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Totals from :meth:`Distiller.evaluate` -> losses, accuracies and top-1 agreement."""
+    n = max(sums["predicted"], 1.0)
+    metrics = {"student_mlm_loss": sums["student_loss_sum"] / n, "student_mlm_accuracy": sums["student_correct"] / n}
+    if "teacher_loss_sum" in sums:
+        metrics["teacher_mlm_loss"] = sums["teacher_loss_sum"] / n
+        metrics["teacher_mlm_accuracy"] = sums["teacher_correct"] / n
+        metrics["top1_agreement"] = sums["agreement"] / n
+    return metrics

@@ -1,0 +1,300 @@
+"""The two models: loading the teacher, deriving the student, counting parameters and FLOPs.
+
+The teacher is any Hugging Face BERT-style encoder (BERT, RoBERTa, ...), with a masked-LM head
+or without one (a sentence-transformers encoder such as all-MiniLM-L6-v2). The student is always
+the masked-LM model of the teacher's family (``BertForMaskedLM`` for a BERT teacher,
+``RobertaForMaskedLM`` for RoBERTa), so that the exported student is an ordinary Hugging Face
+model that ``AutoModelForMaskedLM.from_pretrained`` and ``pipeline("fill-mask")`` load as is.
+
+A student is made in one of two ways (``student.init``):
+
+* ``from_teacher`` (DistilBERT): the teacher's width, every other teacher layer. Student layer
+  ``i`` is an exact copy of teacher layer ``map[i]``; the word and position embeddings, the
+  embedding LayerNorm and the MLM head are copied. No segment ids are used, so the student keeps
+  a single token-type row (Hugging Face's BERT always adds one): the teacher's type-0 row, the
+  one it added to every token it saw in single-segment text. There is no pooler.
+* ``random``: an explicit architecture (unset fields are the teacher's), randomly initialised.
+
+Everything here also works on the ``meta`` device, so ``plan`` sizes a run from the teacher's
+``config.json`` alone, with no weights and no memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+from common.config import ConfigError, require
+from trainer.config import StudentConfig
+
+# Hugging Face architectures whose checkpoints carry the masked-LM prediction head.
+MLM_HEAD_ARCHITECTURES = ("ForMaskedLM", "ForPreTraining")
+# Where each family keeps that head: BERT's ``cls``, RoBERTa's (and its descendants') ``lm_head``.
+MLM_HEAD_ATTRIBUTES = ("cls", "lm_head")
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def training_dtype(precision: str) -> torch.dtype:
+    """``deepspeed.precision`` -> the dtype the teacher runs in (the student's masters stay float32)."""
+    return PRECISION_DTYPES[precision]
+
+
+def load_teacher_config(name_or_path: str) -> PretrainedConfig:
+    """The teacher's ``config.json`` (a local directory or a hub id), with a clear error."""
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"teacher: cannot load the model config of {name_or_path!r}: {err}") from None
+
+
+def has_mlm_head(config: PretrainedConfig) -> bool:
+    """Whether the checkpoint has trained masked-LM head weights, as its ``architectures`` declare."""
+    return any(name.endswith(MLM_HEAD_ARCHITECTURES) for name in config.architectures or [])
+
+
+def load_teacher(name_or_path: str, dtype: torch.dtype) -> PreTrainedModel:
+    """The frozen teacher: eval mode, no gradients, SDPA attention, in ``dtype``.
+
+    A checkpoint with an MLM head loads as ``AutoModelForMaskedLM``; an encoder-only one (no
+    head) as ``AutoModel``, and then only losses that need no teacher logits are possible (see
+    :func:`trainer.distiller.validate_against_teacher`). Any weight missing from the checkpoint
+    (other than an unused pooler) is an error: a teacher must never be partly random.
+
+    To derive a bf16 student without rounding its initial weights, load the teacher in float32,
+    call :func:`build_student`, then cast the teacher (``teacher.to(dtype)``).
+    """
+    config = load_teacher_config(name_or_path)
+    auto = AutoModelForMaskedLM if has_mlm_head(config) else AutoModel
+    try:
+        model, info = auto.from_pretrained(
+            name_or_path, dtype=dtype, attn_implementation="sdpa", output_loading_info=True
+        )
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"teacher: cannot load {name_or_path!r} as {auto.__name__}: {err}") from None
+    missing = sorted(key for key in info["missing_keys"] if ".pooler." not in f".{key}")
+    if missing:
+        raise ConfigError(f"teacher: {name_or_path!r} has no weights for {', '.join(missing[:5])} (and maybe more)")
+    encoder_layers(model)  # fail now, not mid-training, on an unsupported family
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The transformer layers of a BERT-style model (``base_model.encoder.layer``)."""
+    layers = getattr(getattr(model.base_model, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(
+            f"teacher: {type(model).__name__} is not a BERT-style encoder (no base_model.encoder.layer); "
+            "supported: BERT, RoBERTa and their descendants"
+        )
+    return layers
+
+
+def mlm_head(model: PreTrainedModel) -> nn.Module | None:
+    """The module mapping final hidden states to vocabulary logits, or None for an encoder-only model.
+
+    It is applied only to the hidden states gathered at the positions a loss needs, never to all
+    ``[batch, seq]`` positions at once.
+    """
+    return next(
+        (getattr(model, n) for n in MLM_HEAD_ATTRIBUTES if isinstance(getattr(model, n, None), nn.Module)), None
+    )
+
+
+def default_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+    """Every k-th teacher layer, symmetric from both ends, keeping the first and the last.
+
+    With k = teacher/student, the first half of the student takes layers 0, k, 2k, ... and the
+    second half mirrors it from the top: DistilBERT's [0, 2, 4, 7, 9, 11] for 12 -> 6.
+    """
+    k = teacher_layers / student_layers
+    half = math.ceil(student_layers / 2)
+    bottom = [math.floor(i * k + 0.5) for i in range(half)]
+    top = [teacher_layers - 1 - math.floor(j * k + 0.5) for j in reversed(range(student_layers - half))]
+    return bottom + top
+
+
+def student_num_layers(cfg: StudentConfig, teacher_layers: int) -> int:
+    """Depth: the listed layers, else ``num_layers``, else half the teacher's (from_teacher) or all of them."""
+    if cfg.init == "from_teacher" and cfg.teacher_layers is not None:
+        return len(cfg.teacher_layers)
+    if cfg.num_layers is not None:
+        return cfg.num_layers
+    return max(1, teacher_layers // 2) if cfg.init == "from_teacher" else teacher_layers
+
+
+def student_layer_map(cfg: StudentConfig, teacher_layers: int) -> list[int]:
+    """The teacher layer each student layer is paired with (copied from, for ``init=from_teacher``)."""
+    if cfg.init == "from_teacher" and cfg.teacher_layers is not None:
+        return list(cfg.teacher_layers)
+    return default_layer_map(teacher_layers, student_num_layers(cfg, teacher_layers))
+
+
+def check_student(cfg: StudentConfig, teacher_config: PretrainedConfig) -> None:
+    """The student section against the teacher's architecture (what ``StudentConfig.validate`` cannot know)."""
+    n_teacher = teacher_config.num_hidden_layers
+    if cfg.init == "from_teacher":
+        if cfg.teacher_layers is not None:
+            require(
+                cfg.teacher_layers[-1] < n_teacher,
+                "student.teacher_layers",
+                f"the teacher has {n_teacher} layers (0-based indices), got {cfg.teacher_layers}",
+            )
+            require(
+                cfg.num_layers is None or cfg.num_layers == len(cfg.teacher_layers),
+                "student.num_layers",
+                f"is {cfg.num_layers} but student.teacher_layers lists {len(cfg.teacher_layers)} layers",
+            )
+        require(
+            student_num_layers(cfg, n_teacher) <= n_teacher,
+            "student.num_layers",
+            f"a student copied from the teacher cannot have more than its {n_teacher} layers",
+        )
+    else:
+        hidden = cfg.hidden_size or teacher_config.hidden_size
+        heads = cfg.num_attention_heads or teacher_config.num_attention_heads
+        require(
+            hidden % heads == 0,
+            "student.hidden_size" if cfg.hidden_size else "student.num_attention_heads",
+            f"hidden size {hidden} is not divisible by {heads} attention heads",
+        )
+
+
+def student_config(cfg: StudentConfig, teacher_config: PretrainedConfig) -> PretrainedConfig:
+    """The student's Hugging Face config: the teacher's, with the student's depth (and width if random)."""
+    check_student(cfg, teacher_config)
+    config = copy.deepcopy(teacher_config)
+    config.num_hidden_layers = student_num_layers(cfg, teacher_config.num_hidden_layers)
+    if cfg.init == "random":
+        for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+            if getattr(cfg, key) is not None:
+                setattr(config, key, getattr(cfg, key))
+    if hasattr(config, "type_vocab_size"):
+        config.type_vocab_size = 1  # no segment ids: one constant row (see the module docstring)
+    config.architectures = [masked_lm_class_name(config)]
+    return config
+
+
+def masked_lm_class_name(config: PretrainedConfig) -> str:
+    """The masked-LM class of the config's family (``BertForMaskedLM`` for ``bert``)."""
+    name = MODEL_FOR_MASKED_LM_MAPPING_NAMES.get(config.model_type)
+    if name is None:
+        raise ConfigError(f"teacher: model_type {config.model_type!r} has no masked-LM model class for the student")
+    return name
+
+
+def build_student(cfg: StudentConfig, teacher: PreTrainedModel) -> PreTrainedModel:
+    """A float32 masked-LM student of the teacher's family (random init follows torch's global seed)."""
+    config = student_config(cfg, teacher.config)
+    student = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
+    if cfg.init == "from_teacher":
+        copy_from_teacher(student, teacher, student_layer_map(cfg, teacher.config.num_hidden_layers))
+    return student
+
+
+@torch.no_grad()
+def copy_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_map: list[int]) -> None:
+    """DistilBERT's initialisation: embeddings, the mapped layers and (if any) the MLM head, copied exactly."""
+    embeddings = teacher.base_model.embeddings.state_dict()
+    if "token_type_embeddings.weight" in embeddings:
+        embeddings["token_type_embeddings.weight"] = embeddings["token_type_embeddings.weight"][:1]
+    student.base_model.embeddings.load_state_dict(embeddings)
+    student_layers, teacher_layers = encoder_layers(student), encoder_layers(teacher)
+    for i, t in enumerate(layer_map):
+        student_layers[i].load_state_dict(teacher_layers[t].state_dict())
+    teacher_head = mlm_head(teacher)
+    if teacher_head is not None:
+        # The decoder weight is tied to the word embeddings in both models: loading it rewrites the same values.
+        mlm_head(student).load_state_dict(teacher_head.state_dict())
+
+
+def build_on_meta(config: PretrainedConfig) -> PreTrainedModel:
+    """The model a config describes, on the meta device: exact shapes, no memory, no weights."""
+    auto = AutoModelForMaskedLM if has_mlm_head(config) else AutoModel
+    with torch.device("meta"):
+        return auto.from_config(config, attn_implementation="sdpa")
+
+
+def count_parameters(model: PreTrainedModel) -> dict[str, int]:
+    """Parameter counts; ``encoder`` (embeddings + layers) follows the published-size convention.
+
+    Published sizes (BERT-base 110M, DistilBERT 66M, DistilRoBERTa 82M) count the encoder: the
+    MLM head is mostly tied to the word embeddings and the pooler is a fine-tuning add-on, so
+    neither is in ``encoder``; ``total`` counts every distinct parameter of the model as built.
+    """
+    embeddings = sum(p.numel() for p in model.base_model.embeddings.parameters())
+    layers = sum(p.numel() for p in encoder_layers(model).parameters())
+    return {
+        "encoder": embeddings + layers,
+        "embeddings": embeddings,
+        "layers": layers,
+        "total": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def encoder_flops_per_token(config: PretrainedConfig, seq_len: int) -> int:
+    """Forward matmul FLOPs per token of the transformer layers (2 per multiply-add).
+
+    Per layer: Q, K, V and output projections (4 H^2), the FFN (2 H F), and attention's
+    ``Q K^T`` and ``A V`` (2 S H); embedding lookups, norms and softmax are not counted.
+    """
+    h, f = config.hidden_size, config.intermediate_size
+    return config.num_hidden_layers * 2 * (4 * h * h + 2 * h * f + 2 * seq_len * h)
+
+
+def head_flops_per_position(config: PretrainedConfig) -> int:
+    """Forward FLOPs of the MLM head at one position: the H x H transform and the H x V decoder."""
+    h = config.hidden_size
+    return 2 * (h * h + h * config.vocab_size)
+
+
+def distillation_flops_per_token(
+    teacher_config: PretrainedConfig,
+    student_config: PretrainedConfig,
+    seq_len: int,
+    teacher_forward: bool,
+    teacher_head_fraction: float,
+    student_head_fraction: float,
+) -> dict[str, float]:
+    """Model FLOPs per input token of one distillation step (what MFU is computed from).
+
+    The teacher runs forward only (if any loss needs it); the student forward and backward
+    (backward = 2x forward). Each MLM head runs at the given fraction of positions: the masked
+    budget for masked-position losses, 1 for all-position logit losses, 0 when no loss needs it.
+    """
+    teacher = 0.0
+    if teacher_forward:
+        teacher = encoder_flops_per_token(teacher_config, seq_len) + teacher_head_fraction * head_flops_per_position(
+            teacher_config
+        )
+    student_forward = encoder_flops_per_token(
+        student_config, seq_len
+    ) + student_head_fraction * head_flops_per_position(student_config)
+    return {
+        "teacher_forward": teacher,
+        "student_forward_backward": 3 * student_forward,
+        "total": teacher + 3 * student_forward,
+    }
+
+
+def describe(config: PretrainedConfig, model: PreTrainedModel) -> dict[str, Any]:
+    """The architecture facts ``plan`` prints for a model."""
+    return {
+        "class": type(model).__name__,
+        "model_type": config.model_type,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "has_mlm_head": mlm_head(model) is not None,
+        "params": count_parameters(model),
+    }

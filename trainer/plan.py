@@ -1,0 +1,149 @@
+"""``python -m trainer plan CONFIG.yaml [key=value ...] [--json] [--world-size N] [--seq-len N]``.
+
+Validates a config and sizes the run without training: the resolved config, the teacher and
+student architectures and parameter counts, the layer map, the batch arithmetic and the FLOPs of
+a distillation step. It reads only the teacher's ``config.json`` (``teacher=configs/teachers/
+bert-base-uncased`` works offline): both models are instantiated on the meta device, which has
+shapes but no storage, so a 1B-parameter teacher costs nothing.
+
+The sequence length comes from the dataset manifest when ``data`` already exists, else from
+``--seq-len``, else the teacher's maximum (at most 512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.cli import split_config_args
+from common.config import ConfigError, load_config, to_dict
+from trainer.config import TrainConfig
+from trainer.distiller import step_flops_per_token, validate_against_teacher
+from trainer.modeling import build_on_meta, describe, load_teacher_config, student_config, student_layer_map
+
+
+def read_manifest(data: str) -> dict[str, Any] | None:
+    path = Path(data) / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ConfigError(f"data: {path} is not valid JSON: {err}") from None
+
+
+def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) -> dict[str, Any]:
+    """Everything ``plan`` reports, as plain data (the ``--json`` output)."""
+    teacher_config = load_teacher_config(cfg.teacher)
+    validate_against_teacher(cfg, teacher_config)
+    accumulation = cfg.gradient_accumulation_steps(world_size)
+    manifest = read_manifest(cfg.data)
+
+    if manifest is not None:
+        seq_len, seq_source = manifest["max_seq_len"], f"{cfg.data}/manifest.json"
+        vocab = manifest["tokenizer"]["vocab_size"]
+        if vocab > teacher_config.vocab_size:
+            raise ConfigError(
+                f"data: the dataset's tokenizer has {vocab} ids but the teacher only {teacher_config.vocab_size} "
+                "embeddings: it was tokenized for another model"
+            )
+    elif seq_len is not None:
+        seq_source = "--seq-len"
+    else:
+        seq_len, seq_source = min(512, teacher_config.max_position_embeddings), "teacher maximum (no dataset yet)"
+
+    s_config = student_config(cfg.student, teacher_config)
+    teacher, student = (
+        describe(teacher_config, build_on_meta(teacher_config)),
+        describe(s_config, build_on_meta(s_config)),
+    )
+    flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
+    tokens_per_step = cfg.global_batch_size * seq_len
+    plan: dict[str, Any] = {
+        "config": to_dict(cfg),
+        "teacher": {"name_or_path": cfg.teacher, **teacher},
+        "student": {"init": cfg.student.init, **student},
+        "teacher_params": teacher["params"]["encoder"],
+        "student_params": student["params"]["encoder"],
+        "layer_map": student_layer_map(cfg.student, teacher_config.num_hidden_layers)
+        if cfg.student.init == "from_teacher"
+        else None,
+        "batch": {
+            "micro_batch_size": cfg.micro_batch_size,
+            "gradient_accumulation_steps": accumulation,
+            "world_size": world_size,
+            "global_batch_size": cfg.global_batch_size,
+            "seq_len": seq_len,
+            "seq_len_source": seq_source,
+            "tokens_per_step": tokens_per_step,
+        },
+        "flops_per_token": flops,
+        "flops_per_step": flops["total"] * tokens_per_step,
+        "flops_total": flops["total"] * tokens_per_step * cfg.max_steps,
+        "data": {"path": cfg.data, "found": manifest is not None},
+    }
+    if manifest is not None:
+        train_samples = manifest["splits"]["train"]["samples"]
+        plan["data"]["train_samples"] = train_samples
+        plan["data"]["epochs"] = cfg.max_steps * cfg.global_batch_size / max(train_samples, 1)
+    return plan
+
+
+def millions(n: float) -> str:
+    return f"{n / 1e6:,.1f}M"
+
+
+def render(plan: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = ["# resolved config", yaml.safe_dump(plan["config"], sort_keys=False).rstrip(), ""]
+    for role in ("teacher", "student"):
+        m = plan[role]
+        params = m["params"]
+        lines.append(
+            f"{role}: {m['class']} {m['num_layers']} layers x {m['hidden_size']} hidden, "
+            f"{m['num_attention_heads']} heads, FFN {m['intermediate_size']}, vocab {m['vocab_size']}, "
+            f"MLM head: {'yes' if m['has_mlm_head'] else 'no'}"
+        )
+        lines.append(
+            f"  params: {millions(params['encoder'])} encoder ({params['encoder']:,}: embeddings "
+            f"{params['embeddings']:,} + layers {params['layers']:,}); {params['total']:,} in total with heads"
+        )
+    if plan["layer_map"] is not None:
+        lines.append(f"layer map (student layer i <- teacher layer): {plan['layer_map']}")
+    b = plan["batch"]
+    lines += [
+        f"batch: micro {b['micro_batch_size']} x accumulation {b['gradient_accumulation_steps']} x world size "
+        f"{b['world_size']} = global {b['global_batch_size']} sequences of {b['seq_len']} tokens "
+        f"({b['seq_len_source']}) = {b['tokens_per_step']:,} tokens per step",
+        f"FLOPs per token: teacher forward {plan['flops_per_token']['teacher_forward']:.3e} + student forward/backward "
+        f"{plan['flops_per_token']['student_forward_backward']:.3e} = {plan['flops_per_token']['total']:.3e}",
+        f"FLOPs per step: {plan['flops_per_step']:.3e}; whole run ({plan['config']['max_steps']} steps): "
+        f"{plan['flops_total']:.3e}",
+    ]
+    data = plan["data"]
+    if data["found"]:
+        lines.append(f"data: {data['path']}: {data['train_samples']:,} train sequences, {data['epochs']:.2f} epochs")
+    else:
+        lines.append(f"data: {data['path']} has no manifest.json yet (not checked)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    parser.add_argument("--seq-len", type=int, default=None, help="sequence length when the dataset does not exist yet")
+    options = parser.parse_intermixed_args(argv)
+    if options.world_size < 1:
+        raise ConfigError("--world-size: must be >= 1")
+    path, overrides = split_config_args(options.args)
+    cfg = load_config(TrainConfig, path, overrides)
+    plan = build_plan(cfg, options.world_size, options.seq_len)
+    print(json.dumps(plan, indent=2) if options.json else render(plan))
+    return 0
