@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+"""exec" "${PYTHON:-python3}" -u "$0" "$@"
+"""
+# One file, two languages. Run by bash (`bash launch/run.sh CONFIG.yaml [key=value ...]`), the
+# line above re-executes this file with Python as a single process. Run by the DeepSpeed launcher
+# (`deepspeed launch/run.sh CONFIG.yaml ...`), which starts `python -u launch/run.sh
+# --local_rank=N CONFIG.yaml ...` per rank, Python reads that line as a string and runs the code
+# below. RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment, so
+# the --local_rank argument is dropped.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.cli import run_cli
+from trainer.train import main
+
+args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+sys.exit(run_cli(main, args))

@@ -1,0 +1,122 @@
+"""Step metrics without stalling the device, and where rank 0 writes them.
+
+:class:`StepMeter` keeps each step's loss terms, grad norm and token count as device tensors;
+only at a log step does it move them to the host, in one transfer, so the GPU never waits on
+Python inside a step. :class:`MetricsLog` writes one JSON object per step to
+``OUTPUT_DIR/metrics.jsonl`` and the console (a tqdm bar when interactive, plain lines in logs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+
+class StepMeter:
+    """Per-step device-side sums, averaged over ranks and turned into numbers at log time."""
+
+    def __init__(self, global_batch_size: int) -> None:
+        self.global_batch_size = global_batch_size
+        self.names: list[str] | None = None
+        self.rows: list[torch.Tensor] = []
+        self.pending: list[tuple[int, float, int]] = []  # (step, lr, tokens) of the rows not yet flushed
+        self.tokens = 0  # real tokens of the current step on this rank, counted on the host
+        self.micro: list[torch.Tensor] = []
+        self.last_flush = time.perf_counter()
+
+    def add_micro(self, losses: dict[str, torch.Tensor], tokens: int) -> None:
+        """One micro-batch's detached loss terms (kept on the device) and its real-token count."""
+        if self.names is None:
+            self.names = list(losses)
+        self.micro.append(torch.stack([losses[name].detach().float() for name in self.names]))
+        self.tokens += tokens
+
+    def end_step(self, step: int, lr: float, grad_norm: Any) -> None:
+        terms = torch.stack(self.micro).mean(0)
+        norm = torch.as_tensor(grad_norm if grad_norm is not None else math.nan, dtype=torch.float32)
+        self.rows.append(torch.cat([terms, norm.to(terms.device).reshape(1)]))
+        self.pending.append((step, lr, self.tokens))
+        self.micro, self.tokens = [], 0
+
+    def flush(self) -> list[tuple[int, dict[str, float]]]:
+        """All ranks call this together: losses averaged and tokens summed over ranks."""
+        tokens = torch.tensor([[float(t)] for _, _, t in self.pending], device=self.rows[0].device)
+        table = torch.cat([torch.stack(self.rows), tokens], dim=1)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(table)
+            table[:, :-1] /= dist.get_world_size()  # mean losses; the grad norm is the same on every rank
+        values = table.tolist()
+        now = time.perf_counter()
+        tokens_per_s = sum(row[-1] for row in values) / max(now - self.last_flush, 1e-9)
+        records = []
+        for (step, lr, _), row in zip(self.pending, values, strict=True):
+            metrics = {f"train/{name}": value for name, value in zip(self.names, row, strict=False)}
+            metrics.update(
+                {
+                    "train/lr": lr,
+                    "train/grad_norm": row[-2],
+                    "train/tokens_per_s": tokens_per_s,
+                    "train/samples": step * self.global_batch_size,
+                }
+            )
+            records.append((step, metrics))
+        self.rows, self.pending, self.last_flush = [], [], now
+        return records
+
+
+class MetricsLog:
+    """Rank 0's ``metrics.jsonl`` and console output; other ranks' calls do nothing."""
+
+    def __init__(self, output_dir: str | Path, *, is_main: bool, max_steps: int, start_step: int) -> None:
+        self.is_main = is_main
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.bar = None
+        if not is_main:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        truncate_after(self.path, start_step)
+        if sys.stderr.isatty():
+            self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.is_main:
+            return
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(format_metrics(metrics), refresh=False)
+        else:
+            print(f"step {step} | {format_metrics(metrics)}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    parts = []
+    for key, value in metrics.items():
+        name = key.split("/", 1)[-1]
+        parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
+    return " | ".join(parts)
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only the records up to ``step``: a resumed run rewrites the steps it replays."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)

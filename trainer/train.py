@@ -1,0 +1,211 @@
+"""``python -m trainer train CONFIG.yaml [key=value ...]``: the distillation loop.
+
+Normally started once per rank by ``deepspeed launch/run.sh CONFIG.yaml ...``. The whole run
+reads top to bottom in :func:`train`: check everything that can be checked cheaply, build the
+teacher, the student and the DeepSpeed engine, resume from the latest checkpoint if the output
+directory has one, then step: mask, forward, backward, optimizer step; log, evaluate and
+checkpoint every so many steps; finally export the student as a Hugging Face model.
+
+Nothing in a step reads a device value on the host: losses stay on the device until a log
+step, masks are drawn on the device, and batches arrive in pinned memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.cli import split_config_args
+from common.config import ConfigError, load_config, to_dict
+from common.tokenizer import load_tokenizer, tokenizer_identity
+from trainer.checkpoint import Checkpointer
+from trainer.config import TrainConfig
+from trainer.data import Dataset, TrainLoader, check_tokenizer, open_dataset, valid_batches
+from trainer.distiller import Distiller, eval_metrics, validate_against_teacher
+from trainer.engine import Distributed, build_engine, deepspeed_config, init_distributed
+from trainer.export import export
+from trainer.masking import DynamicMasker, load_token_counts, seeded_generator
+from trainer.metrics import MetricsLog, StepMeter
+from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
+
+log = logging.getLogger(__name__)
+
+EVAL_STREAM = 2**31 - 1  # seeds the fixed evaluation mask apart from every training step's
+
+
+def main(argv: list[str]) -> int:
+    path, overrides = split_config_args(argv)
+    if path is None:
+        raise ConfigError("usage: python -m trainer train CONFIG.yaml [key=value ...] (the config file is required)")
+    train(load_config(TrainConfig, path, overrides))
+    return 0
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run (or resume) the distillation ``cfg`` describes; returns the exported student's directory."""
+    # Cheap checks first: a bad config or dataset fails in seconds, before any weight is loaded.
+    world = init_distributed()
+    ds_config = deepspeed_config(cfg, world.world_size)
+    validate_against_teacher(cfg, load_teacher_config(cfg.teacher))
+    dataset = open_dataset(cfg.data)
+    tokenizer = load_tokenizer(cfg.teacher)
+    check_tokenizer(dataset, tokenizer_identity(tokenizer, cfg.teacher), cfg.teacher)
+    output_dir = Path(cfg.output_dir)
+    if world.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "distilling %s on %d rank(s): global batch %d = micro %d x accumulation %d x world %d",
+            cfg.teacher,
+            world.world_size,
+            cfg.global_batch_size,
+            cfg.micro_batch_size,
+            ds_config["gradient_accumulation_steps"],
+            world.world_size,
+        )
+
+    # Models: the student is derived from the float32 teacher, then the teacher drops to the
+    # training dtype and stays outside the engine (see trainer.distiller).
+    torch.manual_seed(cfg.seed)
+    teacher = load_teacher(cfg.teacher, torch.float32)
+    student = build_student(cfg.student, teacher)
+    teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
+    distiller = Distiller(student, teacher, cfg.objective, cfg.masking.probability)
+    engine = build_engine(distiller, cfg, world.world_size, world.device)
+
+    checkpoints = Checkpointer(
+        output_dir, every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last, is_main=world.is_main
+    )
+    resumed = checkpoints.resume(engine) or {}
+    step = int(resumed.get("step", 0))
+    if resumed and world.is_main:
+        log.info("resumed from step %d in %s", step, checkpoints.root)
+    mlflow_run_id = resumed.get("mlflow_run_id")
+
+    loader = TrainLoader(
+        dataset,
+        micro_batch_size=cfg.micro_batch_size,
+        rank=world.rank,
+        world_size=world.world_size,
+        loader_cfg=cfg.loader,
+        seed=cfg.seed,
+        state=resumed.get("data"),
+    )
+    token_counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
+    masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts, device=world.device)
+    evaluation = Evaluation(cfg, dataset, masker, world)
+    meter = StepMeter(cfg.global_batch_size)
+    metrics_log = MetricsLog(output_dir, is_main=world.is_main, max_steps=cfg.max_steps, start_step=step)
+
+    accumulation = engine.gradient_accumulation_steps()
+    while step < cfg.max_steps:
+        reseed(cfg.seed, step, world.rank)  # dropout: the same random stream after a resume
+        lr = engine.get_lr()[0]
+        for micro in range(accumulation):
+            batch = next(loader)["input_ids"]
+            attention_mask = padding_mask(batch, dataset.pad_id)
+            input_ids = batch.to(world.device, non_blocking=True)
+            if attention_mask is not None:
+                attention_mask = attention_mask.to(world.device, non_blocking=True)
+            generator = seeded_generator(cfg.seed, step, world.rank, micro, device=world.device)
+            masked_ids, labels = masker(input_ids, attention_mask, generator)
+            out = engine(masked_ids, attention_mask, labels)
+            engine.backward(out["loss"])
+            engine.step()
+            meter.add_micro(
+                out, tokens=batch.numel() if attention_mask is None else int(batch.ne(dataset.pad_id).sum())
+            )
+        step += 1
+        meter.end_step(step, lr, engine.get_global_grad_norm())
+
+        if step % cfg.logging.every_steps == 0 or step == cfg.max_steps:
+            for logged_step, metrics in meter.flush():
+                metrics_log.write(logged_step, metrics)
+        if step % cfg.eval.every_steps == 0 or step == cfg.max_steps:
+            metrics_log.write(step, evaluation.run(engine.module))
+        if checkpoints.due(step, cfg.max_steps):
+            client_state = {
+                "step": step,
+                "data": loader.state(),
+                "mlflow_run_id": mlflow_run_id,
+                "config": to_dict(cfg),
+            }
+            checkpoints.save(engine, step, client_state, hf_files=lambda dest: save_hf_files(student, tokenizer, dest))
+
+    metrics_log.close()
+    student_dir = output_dir / "student"
+    if world.is_main:
+        export(checkpoints.root, student_dir)
+        log.info("exported the student to %s", student_dir)
+    dist.barrier()
+    return student_dir
+
+
+def reseed(seed: int, step: int, rank: int) -> None:
+    """Seed torch's global generators (dropout) from (seed, step, rank)."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0] >> 1))
+
+
+def padding_mask(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
+    """The attention mask, or None for a batch without padding (the packed common case), decided
+    on the host so the model can take SDPA's unmasked path."""
+    mask = input_ids.ne(pad_id)
+    return None if bool(mask.all()) else mask
+
+
+def save_hf_files(student: Any, tokenizer: Any, dest: Path) -> None:
+    """The student's config and the tokenizer, next to the weights DeepSpeed saved (for export)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".hf.", dir=dest.parent))
+    tmp.chmod(0o755)
+    student.config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+class Evaluation:
+    """Masked-LM loss and accuracy on the first valid batches, under one fixed mask.
+
+    Every rank evaluates its share and the sums are all-reduced. The teacher's loss and accuracy
+    never change, so they are reported once; top-1 agreement is reported every time.
+    """
+
+    def __init__(self, cfg: TrainConfig, dataset: Dataset, masker: DynamicMasker, world: Distributed) -> None:
+        self.batches = []
+        for i, ids in enumerate(
+            valid_batches(
+                dataset,
+                micro_batch_size=cfg.micro_batch_size,
+                max_batches=cfg.eval.max_batches,
+                rank=world.rank,
+                world_size=world.world_size,
+            )
+        ):
+            attention_mask = padding_mask(ids, dataset.pad_id)
+            ids = ids.to(world.device)
+            attention_mask = attention_mask.to(world.device) if attention_mask is not None else None
+            generator = seeded_generator(cfg.seed, EVAL_STREAM, world.rank, i, device=world.device)
+            masked, labels = masker(ids, attention_mask, generator)
+            self.batches.append((masked, attention_mask, labels))
+        self.teacher_reported = False
+
+    def run(self, distiller: Distiller) -> dict[str, float]:
+        totals: dict[str, torch.Tensor] = {}
+        for masked, attention_mask, labels in self.batches:
+            for key, value in distiller.evaluate(masked, attention_mask, labels).items():
+                totals[key] = totals.get(key, 0) + value.float()
+        keys = sorted(totals)
+        summed = torch.stack([totals[k] for k in keys])
+        dist.all_reduce(summed)
+        metrics = eval_metrics(dict(zip(keys, summed.tolist(), strict=True)))
+        if self.teacher_reported:
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("teacher_")}
+        self.teacher_reported = True
+        return {f"eval/{k}": v for k, v in metrics.items()}
