@@ -9,6 +9,7 @@ or data is touched.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import field
 from typing import Literal
 
@@ -213,12 +214,41 @@ class LoggingConfig:
 
 @dataclasses.dataclass
 class MlflowConfig:
+    """MLflow tracking and registry (``trainer/tracking.py``, ``trainer/registry.py``, docs/mlflow.md).
+
+    Tracking never stops training: while the server is unreachable, metrics wait in memory and
+    a background thread retries with exponential backoff (``retry_initial_s`` doubling up to
+    ``retry_max_s``); ``finish_timeout_s`` bounds how long the end of training waits for them.
+    """
+
     enabled: bool = True
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     experiment: str = "distillation"
     run_name: str | None = None
     register_as: str | None = None  # registered model name for the exported student
     alias: str | None = None  # alias given to the new version, e.g. "candidate"
+    system_metrics: bool = True  # CPU, memory, disk, network, GPU of every node, as system/<node>/...
+    system_metrics_interval_s: float = 10.0
+    request_timeout_s: int = 15  # one HTTP request to the server (MLFLOW_HTTP_REQUEST_TIMEOUT unless set)
+    start_timeout_s: float = 30.0  # how long start waits for the run to exist (so its id reaches checkpoints)
+    finish_timeout_s: float = 120.0  # how long the end of training waits for buffered metrics to reach MLflow
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+    register_attempts: int = 3
+
+    def validate(self) -> None:
+        require(bool(self.experiment), "mlflow.experiment", "must not be empty")
+        require(self.alias is None or self.register_as is not None, "mlflow.alias", "needs mlflow.register_as")
+        require(
+            self.alias is None or (self.alias != "latest" and not re.fullmatch(r"[vV]\d+", self.alias)),
+            "mlflow.alias",
+            "'latest' and v<number> are reserved by MLflow",
+        )
+        for key in ("system_metrics_interval_s", "request_timeout_s", "retry_initial_s", "retry_max_s"):
+            require(getattr(self, key) > 0, f"mlflow.{key}", "must be > 0")
+        for key in ("start_timeout_s", "finish_timeout_s"):
+            require(getattr(self, key) >= 0, f"mlflow.{key}", "must be >= 0")
+        require(self.register_attempts >= 1, "mlflow.register_attempts", "must be >= 1")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,136 @@
+"""The Tracker against a real MLflow server, and against no server at all."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.config import flatten, load_config, to_dict
+from trainer.config import TrainConfig
+from trainer.tracking import Tracker, dataset_fingerprint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path, manifest: dict, **mlflow: object) -> tuple[Path, TrainConfig]:
+    """A config file with a ``base:`` parent, a DeepSpeed JSON and a dataset manifest on disk."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    ds = tmp_path / "zero2.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"max_steps": 7, "logging": {"every_steps": 1}}))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "base": "base.yaml",
+                "teacher": "some/teacher",
+                "data": str(data),
+                "output_dir": str(tmp_path / "out"),
+                "deepspeed": {"config": str(ds)},
+                "mlflow": mlflow,
+            }
+        )
+    )
+    return config, load_config(TrainConfig, config)
+
+
+MANIFEST = {
+    "format_version": 1,
+    "tokenizer": {"name_or_path": "t", "vocab_size": 10, "special_token_ids": {}, "fingerprint": "abc"},
+    "splits": {"train": {"samples": 3, "tokens": 9, "shards": [{"path": "train/shard-000000.tar", "sha256": "f00"}]}},
+}
+
+
+@pytest.mark.integration
+def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    config_path, cfg = write_config(
+        tmp_path,
+        MANIFEST,
+        tracking_uri=mlflow_server.uri,
+        experiment="tracking-test",
+        run_name="first",
+        system_metrics_interval_s=0.2,
+    )
+    tracker = Tracker.start(cfg, rank=0, world_size=2, resume_run_id=None, config_path=str(config_path))
+    assert tracker.run_id is not None  # created during start: the first checkpoint can store it
+    for step in range(1, 6):
+        tracker.log_metrics({"loss": 10.0 / step, "lr": 1e-4 * step}, step)
+    time.sleep(0.5)  # let a few system samples accumulate
+    tracker.finish(None, {"eval/mlm_accuracy": 0.25})
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "first"
+    assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
+    expected = {key: str(value) for key, value in flatten(to_dict(cfg)).items()}
+    assert {k: run.data.params[k] for k in expected} == expected
+    assert run.data.params["world_size"] == "2"
+    tags = run.data.tags
+    assert tags["teacher"] == "some/teacher"
+    assert tags["dataset_fingerprint"] == dataset_fingerprint(MANIFEST)
+    assert tags["tokenizer_fingerprint"] == "abc"
+    assert tags["world_size"] == "2"
+    assert tags["deepspeed_stage"] == "2"
+    assert len(tags["git_commit"]) == 40
+    history = client.get_metric_history(tracker.run_id, "loss")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(s, 10.0 / s) for s in range(1, 6)]
+    assert run.data.metrics["eval/mlm_accuracy"] == 0.25
+    system = [key for key in run.data.metrics if key.startswith(f"system/{tracker.node}/")]
+    assert f"system/{tracker.node}/cpu_utilization_percentage" in system
+    assert f"system/{tracker.node}/system_memory_usage_megabytes" in system
+    artifacts = {a.path for d in ("config", "deepspeed", "dataset") for a in client.list_artifacts(tracker.run_id, d)}
+    assert artifacts == {
+        "config/run.yaml",
+        "config/base.yaml",
+        "config/resolved.yaml",
+        "deepspeed/zero2.json",
+        "dataset/manifest.json",
+    }
+    resolved = Path(client.download_artifacts(tracker.run_id, "config/resolved.yaml", str(tmp_path)))
+    assert yaml.safe_load(resolved.read_text()) == to_dict(cfg)
+
+    # A relaunch that resumes from a checkpoint appends to the same run, even with a changed max_steps.
+    cfg.max_steps = 9
+    resumed = Tracker.start(cfg, rank=0, world_size=2, resume_run_id=tracker.run_id, config_path=str(config_path))
+    assert resumed.run_id == tracker.run_id
+    resumed.log_metrics({"loss": 1.0}, 6)
+    resumed.finish(None, {})
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["max_steps"] == "7"  # MLflow params are immutable; the original stays
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "loss")) == [1, 2, 3, 4, 5, 6]
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_dead_server_never_blocks_training(tmp_path, dead_tracking_uri, tiny_student_dir, capsys):
+    """Nothing listens at the tracking URI: training calls return promptly, nothing raises, and the
+    end of training prints the one command that registers the student later."""
+    config_path, cfg = write_config(
+        tmp_path,
+        MANIFEST,
+        tracking_uri=dead_tracking_uri,
+        register_as="student",
+        alias="candidate",
+        finish_timeout_s=2.0,
+        retry_initial_s=0.1,
+    )
+    began = time.monotonic()
+    tracker = Tracker.start(cfg, rank=0, world_size=1, resume_run_id=None, config_path=str(config_path))
+    assert tracker.run_id is None
+    for step in range(1, 2001):
+        tracker.log_metrics({"loss": 1.0, "lr": 0.1}, step)
+    tracker.finish(tiny_student_dir, {"eval/mlm_loss": 2.0})
+    # MLflow's default client would retry each request for ~4 minutes; the tracker gives up in ~2 s.
+    assert time.monotonic() - began < 30
+    err = capsys.readouterr().err
+    command = f"python -m trainer register {tiny_student_dir} --name student --alias candidate"
+    assert f"{command} --tracking-uri {dead_tracking_uri}\n" in err

@@ -1,0 +1,179 @@
+"""The registry of students: each exported student becomes a version of a registered MLflow model.
+
+A student directory (Hugging Face weights, config, tokenizer) is logged with MLflow's
+``transformers`` flavor, so ``mlflow.transformers.load_model("models:/NAME@ALIAS")`` gives a
+ready fill-mask pipeline and ``python -m trainer pull`` gives back a plain Hugging Face directory.
+The version is tagged with what a downstream team asks first (teacher, dataset, steps,
+evaluation metrics), all read from the training run, and gets an alias such as ``candidate``;
+promoting it later is moving another alias (``champion``) to it.
+
+    python -m trainer register STUDENT_DIR --name NAME [--alias ALIAS] [--run-id RUN_ID] [--tracking-uri URI]
+    python -m trainer promote NAME VERSION ALIAS [--tracking-uri URI]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import shlex
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError
+from trainer.config import MlflowConfig
+from trainer.tracking import limit_http_retries, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+RUN_TAGS = ("teacher", "dataset", "dataset_fingerprint", "tokenizer_fingerprint", "git_commit")
+
+
+def register_student(
+    model_dir: Path,
+    *,
+    name: str,
+    alias: str | None,
+    run_id: str | None,
+    tracking_uri: str,
+    task: str = "fill-mask",
+    attempts: int = 3,
+    backoff_s: float = 1.0,
+) -> Any:
+    """Log ``model_dir`` as an MLflow model (in run ``run_id`` when given), register it as a new
+    version of ``name`` tagged from the run, point ``alias`` at it; returns the ModelVersion.
+
+    Each step is retried up to ``attempts`` times; a step that succeeded is not redone.
+    """
+    import mlflow
+    from transformers import pipeline
+
+    check_model_dir(model_dir)
+    mlflow.set_tracking_uri(tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri)
+    model = pipeline(task, model=str(model_dir), tokenizer=str(model_dir))
+    model_uri = version = None
+    for attempt in itertools.count(1):
+        try:
+            tags = version_tags(client, run_id) if run_id else {}
+            if model_uri is None:
+                with mlflow.start_run(run_id=run_id) if run_id else nullcontext():
+                    info = mlflow.transformers.log_model(
+                        model,
+                        name="student",
+                        task=task,
+                        model_card=model_card(name, task, tags),
+                        pip_requirements=pip_requirements(),
+                        tags=tags,
+                    )
+                model_uri = info.model_uri
+            if version is None:
+                version = mlflow.register_model(model_uri, name, tags=tags)
+            if alias:
+                client.set_registered_model_alias(name, alias, version.version)
+            log.info("MLflow: registered %s version %s%s", name, version.version, f" as @{alias}" if alias else "")
+            return version
+        except Exception as err:
+            if attempt == attempts:
+                raise
+            wait = backoff_s * 2 ** (attempt - 1)
+            log.warning("MLflow: registering, attempt %d/%d failed (%s); retry in %.0fs", attempt, attempts, err, wait)
+            time.sleep(wait)
+
+
+def check_model_dir(model_dir: Path) -> None:
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"{model_dir}: not a Hugging Face model directory (no config.json)")
+
+
+def version_tags(client: Any, run_id: str) -> dict[str, str]:
+    """Teacher, dataset and code of the run, its last step and its evaluation metrics."""
+    run = client.get_run(run_id)
+    tags = {key: run.data.tags[key] for key in RUN_TAGS if key in run.data.tags}
+    training = [m for m in run.data._metric_objs if not m.key.startswith("system/")]
+    if training:
+        tags["steps"] = str(max(m.step for m in training))
+    for metric in training:
+        if metric.key.startswith("eval"):
+            tags[metric.key] = f"{metric.value:.6g}"
+    tags["run_id"] = run_id
+    return tags
+
+
+def model_card(name: str, task: str, tags: dict[str, str]) -> Any:
+    """A model card from the run (instead of MLflow looking one up on the Hugging Face hub)."""
+    from huggingface_hub import ModelCard
+
+    facts = "\n".join(f"- {key}: {value}" for key, value in sorted(tags.items()))
+    return ModelCard(
+        f"---\nlibrary_name: transformers\npipeline_tag: {task}\ntags: [distillation]\n---\n\n"
+        f"# {name}\n\nA student encoder distilled with encoder-distill.\n\n{facts}\n"
+    )
+
+
+def pip_requirements() -> list[str]:
+    """Pinned from this environment (MLflow would otherwise infer them in a slow subprocess)."""
+    import torch
+    import transformers
+
+    return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
+
+
+def register_command(student_dir: Path, *, name: str, alias: str | None, run_id: str | None, tracking_uri: str) -> str:
+    """The one command that registers ``student_dir`` later, as the end of training would have."""
+    args = ["python", "-m", "trainer", "register", str(student_dir), "--name", name]
+    if alias:
+        args += ["--alias", alias]
+    if run_id:
+        args += ["--run-id", run_id]
+    args += ["--tracking-uri", tracking_uri]
+    return shlex.join(args)
+
+
+def promote(name: str, version: str, alias: str, tracking_uri: str) -> None:
+    """Point ``alias`` at ``version`` of ``name`` (moving it from whichever version had it)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    client.get_model_version(name, version)  # a clear error when the version does not exist
+    client.set_registered_model_alias(name, alias, version)
+    log.info("MLflow: %s@%s -> version %s", name, alias, version)
+
+
+def main(argv: list[str]) -> int:
+    """``register`` and ``promote``; ``argv[0]`` is the command name."""
+    command, args = argv[0], argv[1:]
+    parser = argparse.ArgumentParser(prog=f"python -m trainer {command}")
+    parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    if command == "register":
+        parser.add_argument("student_dir", type=Path, help="exported Hugging Face student directory")
+        parser.add_argument("--name", required=True, help="registered model name")
+        parser.add_argument("--alias", help="alias for the new version, e.g. candidate")
+        parser.add_argument("--run-id", help="the training run (its tags and eval metrics tag the version)")
+        parser.add_argument("--task", default="fill-mask", help="pipeline task (text-classification for fine-tunes)")
+    else:
+        parser.add_argument("name")
+        parser.add_argument("version")
+        parser.add_argument("alias")
+    ns = parser.parse_args(args)
+    cfg = MlflowConfig(tracking_uri=ns.tracking_uri)
+    limit_http_retries(cfg)
+    tracking_uri = resolve_tracking_uri(cfg)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if command == "promote":
+            promote(ns.name, ns.version, ns.alias, tracking_uri)
+            print(f"{ns.name}@{ns.alias} -> version {ns.version}")
+            return 0
+        version = register_student(
+            ns.student_dir, name=ns.name, alias=ns.alias, run_id=ns.run_id, tracking_uri=tracking_uri, task=ns.task
+        )
+    except MlflowException as err:
+        print(f"error: {command}: {err.message}", file=sys.stderr)
+        return 1
+    print(f"registered {ns.name} version {version.version}" + (f" as @{ns.alias}" if ns.alias else ""))
+    return 0
