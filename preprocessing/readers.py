@@ -112,21 +112,31 @@ class ZstdReader:
         self.frame_started = False
         self.buffer = b""
 
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.buffer) < size:
+    def read1(self, size: int = CHUNK_BYTES) -> bytes:
+        """Up to ``size`` bytes; what was decoded before a truncation is returned before the error."""
+        while not self.buffer:
             data = self.raw.read(self.raw_chunk)
             if not data:
                 if self.frame_started and not self.frame.eof:
                     raise EOFError("zstd stream ended in the middle of a frame")
-                break
+                return b""
             while data:
                 if self.frame.eof:
                     self.frame = self.decompressor.decompressobj()
                 self.frame_started = True
                 self.buffer += self.frame.decompress(data)
                 data = self.frame.unused_data if self.frame.eof else b""
-        out, self.buffer = (self.buffer, b"") if size < 0 else (self.buffer[:size], self.buffer[size:])
+        out, self.buffer = self.buffer[:size], self.buffer[size:]
         return out
+
+    def read(self, size: int = -1) -> bytes:
+        parts = []
+        while size < 0 or sum(map(len, parts)) < size:
+            part = self.read1(CHUNK_BYTES if size < 0 else size - sum(map(len, parts)))
+            if not part:
+                break
+            parts.append(part)
+        return b"".join(parts)
 
     def close(self) -> None:
         self.raw.close()
@@ -194,7 +204,10 @@ def decode_utf8(data: bytes, opts: ReadOptions, counts: Counter) -> str | None:
 
 
 def _chunks(stream: IO[bytes], counts: Counter) -> Iterator[bytes]:
-    while chunk := stream.read(CHUNK_BYTES):
+    """Decoded chunks; ``read1`` returns each decompression step's output, so data before a
+    truncation point is delivered before the stream raises."""
+    read = getattr(stream, "read1", stream.read)
+    while chunk := read(CHUNK_BYTES):
         counts["input_bytes"] += len(chunk)
         yield chunk
 

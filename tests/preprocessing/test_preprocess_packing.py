@@ -1,0 +1,59 @@
+"""Hashing, FULL-SENTENCES packing and the shard layout."""
+
+import numpy as np
+
+from preprocessing.packing import (
+    document_hash,
+    document_stream,
+    hash_bucket,
+    hash_split,
+    pack_sequences,
+    plan_shards,
+    tokenizer_dtype,
+)
+
+CLS, SEP, PAD = 101, 102, 0
+
+
+def test_dtype_follows_vocabulary_size():
+    assert tokenizer_dtype(30522) == np.uint16
+    assert tokenizer_dtype(65536) == np.int32
+
+
+def test_hash_is_content_and_seed_dependent():
+    assert document_hash("abc", 0) == document_hash("abc", 0)
+    assert document_hash("abc", 0) != document_hash("abd", 0)
+    assert document_hash("abc", 0) != document_hash("abc", 1)
+
+
+def test_split_fraction_is_respected_and_independent_of_buckets():
+    digests = [document_hash(f"document {i}", 0) for i in range(20000)]
+    valid = sum(hash_split(d, 0.1) == "valid" for d in digests)
+    assert 1800 < valid < 2200
+    assert all(hash_split(d, 0.0) == "train" for d in digests[:100])
+    assert {hash_bucket(d, 7) for d in digests} == set(range(7))
+
+
+def test_stream_and_packing_span_document_boundaries_and_pad_only_the_end():
+    docs = [np.arange(1, 6, dtype=np.uint16), np.arange(10, 13, dtype=np.uint16)]
+    stream = document_stream(docs, SEP, np.dtype(np.uint16))
+    assert stream.tolist() == [1, 2, 3, 4, 5, SEP, 10, 11, 12, SEP]
+    packed = pack_sequences(stream, 4, CLS, PAD)
+    assert packed.dtype == np.uint16
+    assert packed.tolist() == [
+        [CLS, 1, 2, 3],
+        [CLS, 4, 5, SEP],
+        [CLS, 10, 11, 12],
+        [CLS, SEP, PAD, PAD],
+    ]
+
+
+def test_plan_shards_cuts_the_concatenated_stream_into_exact_shards():
+    # 3 bucket streams of 10, 0 and 7 tokens; 2 sequences of 4 (3 content tokens) per shard.
+    buckets = [(2, 7, "b2"), (0, 10, "b0")]
+    tasks = plan_shards("train", buckets, max_seq_len=4, samples_per_shard=2)
+    assert [t.index for t in tasks] == [0, 1, 2]
+    covered = [(s.path, s.start, s.stop) for t in tasks for s in t.slices]
+    assert covered == [("b0", 0, 6), ("b0", 6, 10), ("b2", 0, 2), ("b2", 2, 7)]
+    assert [sum(s.stop - s.start for s in t.slices) for t in tasks] == [6, 6, 5]
+    assert plan_shards("valid", [], 4, 2) == []
