@@ -1,0 +1,90 @@
+"""``python -m preprocessing``: configuration and environment errors are one line, exit 2, before any work."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.cli import run_cli
+from common.config import load_config
+from preprocessing.__main__ import main
+from preprocessing.config import PreprocessConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def good_args(sample_corpus, bert_tokenizer_dir, tmp_path):
+    return {"input": f"[{sample_corpus}]", "tokenizer": str(bert_tokenizer_dir), "output": str(tmp_path / "out")}
+
+
+def cli_error(capsys, args: dict[str, str]) -> str:
+    assert run_cli(main, [f"{k}={v}" for k, v in args.items()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"bogus": "1"}, "unknown config key 'bogus'"),
+        ({"max_seq_len": "abc"}, "max_seq_len: expected an integer"),
+        ({"valid_fraction": "1.5"}, "valid_fraction: must be in [0, 1)"),
+        ({"invalid_utf8": "ignore"}, "invalid_utf8: must be one of"),
+        ({"beam.no_such_option": "1"}, "beam.no_such_option: not a Beam pipeline option"),
+        ({"input": "[/nonexistent/*.jsonl]"}, "input[0]: '/nonexistent/*.jsonl' matches no file"),
+        ({"input": f"[{__file__}]"}, "cannot tell the format"),
+        ({"tokenizer": "/nonexistent-tokenizer"}, "tokenizer: cannot load"),
+    ],
+)
+def test_config_errors_name_the_key(capsys, good_args, change, message):
+    assert message in cli_error(capsys, {**good_args, **change})
+
+
+def test_missing_required_key(capsys, good_args):
+    del good_args["tokenizer"]
+    assert "missing required config key 'tokenizer'" in cli_error(capsys, good_args)
+
+
+def test_unwritable_output(capsys, good_args, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert "output: cannot write to" in cli_error(capsys, {**good_args, "output": str(blocker / "dataset")})
+
+
+def test_a_complete_dataset_is_not_overwritten(capsys, good_args, tiny_dataset_dir):
+    before = {p: p.stat().st_mtime_ns for p in tiny_dataset_dir.rglob("*")}
+    err = cli_error(capsys, {**good_args, "output": str(tiny_dataset_dir)})
+    assert "already holds a complete dataset; set overwrite=true" in err
+    assert {p: p.stat().st_mtime_ns for p in tiny_dataset_dir.rglob("*")} == before
+
+
+def test_the_command_line_prints_no_traceback(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocessing", "input=[/nonexistent.txt]", "tokenizer=x", f"output={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: input[0]: '/nonexistent.txt' matches no file"
+    assert "Traceback" not in proc.stderr
+
+
+def test_example_config_and_overrides():
+    cfg = load_config(
+        PreprocessConfig, REPO / "configs/preprocess/example.yaml", ["max_seq_len=128", "beam.direct_num_workers=3"]
+    )
+    assert cfg.max_seq_len == 128 and cfg.input == ["demo/corpus.jsonl.gz"]
+    options = cfg.beam_options()
+    assert options["runner"] == "DirectRunner" and options["direct_num_workers"] == 3
+    assert options["direct_running_mode"] == "multi_processing"
+    flink = load_config(
+        PreprocessConfig, overrides=["input=[a.txt]", "tokenizer=t", "output=o", "beam.runner=FlinkRunner"]
+    )
+    assert "direct_num_workers" not in flink.beam_options()
