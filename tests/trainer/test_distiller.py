@@ -1,0 +1,198 @@
+"""The Distiller: sparse-position losses equal the dense formulas, the teacher stays outside, FLOPs add up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import PreTrainedModel
+
+from common.config import ConfigError, load_config
+from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TrainConfig
+from trainer.distiller import Distiller, eval_metrics, step_flops_per_token, validate_against_teacher
+from trainer.masking import DynamicMasker, seeded_generator
+from trainer.modeling import build_student, load_teacher, load_teacher_config
+
+SPECIALS = [0, 100, 101, 102, 103]  # bert-base-uncased [PAD] [UNK] [CLS] [SEP] [MASK]
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_teacher_dir: Path) -> PreTrainedModel:
+    return load_teacher(str(tiny_teacher_dir), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def student(teacher: PreTrainedModel) -> PreTrainedModel:
+    torch.manual_seed(0)
+    return build_student(StudentConfig(), teacher).eval()  # eval: no dropout, so dense and sparse paths agree
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A masked batch whose last sequence is padded after 40 tokens."""
+    ids = torch.randint(1000, 30000, (3, 64), generator=torch.Generator().manual_seed(3))
+    ids[:, 0], ids[:, 30] = 101, 102
+    ids[2, 40:] = 0
+    attention_mask = (ids != 0).long()
+    masker = DynamicMasker(MaskingConfig(), vocab_size=30522, mask_id=103, special_ids=SPECIALS)
+    masked, labels = masker(ids, attention_mask, seeded_generator(0, 0, 0))
+    return masked, attention_mask, labels
+
+
+def dense_terms(student, teacher, masked, attention_mask, labels, objective: ObjectiveConfig) -> dict[str, float]:
+    """The four terms from full ``[batch, seq, vocab]`` logits and boolean indexing: the obvious way."""
+    s = student(input_ids=masked, attention_mask=attention_mask, output_hidden_states=True)
+    t = teacher(input_ids=masked, attention_mask=attention_mask, output_hidden_states=True)
+    real, chosen = attention_mask.bool(), labels != -100
+    at = chosen if objective.ce_positions == "masked" else real
+    temperature = objective.temperature
+    kl = F.kl_div(
+        F.log_softmax(s.logits[at] / temperature, -1), F.softmax(t.logits[at] / temperature, -1), reduction="batchmean"
+    )
+    cos = 1 - F.cosine_similarity(s.hidden_states[-1][real], t.hidden_states[-1][real], dim=-1)
+    return {
+        "ce": kl.item() * temperature**2,
+        "mlm": F.cross_entropy(s.logits[chosen], labels[chosen]).item(),
+        "cos": cos.mean().item(),
+        "mse": F.mse_loss(s.logits[at], t.logits[at]).item(),
+    }
+
+
+@pytest.mark.parametrize("positions", ["masked", "all"])
+def test_losses_equal_the_dense_computation(student, teacher, batch, positions: str) -> None:
+    objective = ObjectiveConfig(ce=5.0, mlm=2.0, cos=1.0, mse=0.5, ce_positions=positions)
+    out = Distiller(student, teacher, objective, 0.15)(*batch)
+    expected = dense_terms(student, teacher, *batch, objective)
+    assert set(out) == {"loss", "ce", "mlm", "cos", "mse"}
+    for name, value in expected.items():
+        assert out[name].item() == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    weighted = 5.0 * out["ce"] + 2.0 * out["mlm"] + 1.0 * out["cos"] + 0.5 * out["mse"]
+    assert out["loss"].item() == pytest.approx(weighted.item(), rel=1e-6)
+
+
+def test_zero_weights_are_not_computed_and_teacher_skipped(student, teacher, batch) -> None:
+    calls = []
+    handle = teacher.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        out = Distiller(student, teacher, ObjectiveConfig(ce=0.0, cos=0.0, mlm=1.0), 0.15)(*batch)
+        assert set(out) == {"loss", "mlm"} and calls == []
+        assert out["loss"].item() == pytest.approx(out["mlm"].item())
+    finally:
+        handle.remove()
+
+
+def test_no_attention_mask_means_no_padding(student, teacher) -> None:
+    ids = torch.randint(1000, 30000, (2, 32), generator=torch.Generator().manual_seed(4))
+    masker = DynamicMasker(MaskingConfig(), vocab_size=30522, mask_id=103, special_ids=SPECIALS)
+    masked, labels = masker(ids, None, seeded_generator(1))
+    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)
+    without, with_ones = distiller(masked, None, labels), distiller(masked, torch.ones_like(ids), labels)
+    for name in without:
+        assert without[name].item() == pytest.approx(with_ones[name].item(), rel=1e-5)
+
+
+def test_teacher_is_outside_the_module_and_gets_no_gradient(teacher: PreTrainedModel, batch) -> None:
+    student = build_student(StudentConfig(), teacher)
+    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)
+    teacher_params = {id(p) for p in teacher.parameters()}
+    assert not teacher_params & {id(p) for p in distiller.parameters()}
+    assert all(name.startswith("student.") for name in distiller.state_dict())
+    assert distiller.teacher is teacher and distiller.student_model() is student
+    distiller.train()
+    assert not teacher.training  # .train() on the Distiller does not reach the teacher
+    distiller(*batch)["loss"].backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    grads = [p.grad for p in student.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+
+
+def test_too_many_masked_tokens_fail_instead_of_being_dropped(student, teacher) -> None:
+    ids = torch.randint(1000, 30000, (1, 20), generator=torch.Generator().manual_seed(5))
+    labels = ids.clone()  # every position "masked": more than the 15% budget of 3
+    with pytest.raises(RuntimeError, match="masking budget"):
+        Distiller(student, teacher, ObjectiveConfig(), 0.15)(ids, None, labels)
+
+
+def test_evaluate_sums_match_dense_metrics(student, teacher, batch) -> None:
+    masked, attention_mask, labels = batch
+    distiller = Distiller(student, teacher, ObjectiveConfig(), 0.15).train()
+    sums = {k: v.item() for k, v in distiller.evaluate(masked, attention_mask, labels).items()}
+    assert distiller.training and student.training  # restored after evaluating in eval mode
+    student.eval()
+    chosen = labels != -100
+    s_logits = student(input_ids=masked, attention_mask=attention_mask).logits[chosen]
+    t_logits = teacher(input_ids=masked, attention_mask=attention_mask).logits[chosen]
+    metrics = eval_metrics(sums)
+    assert sums["predicted"] == chosen.sum().item()
+    assert metrics["student_mlm_loss"] == pytest.approx(F.cross_entropy(s_logits, labels[chosen]).item(), rel=1e-5)
+    assert metrics["teacher_mlm_loss"] == pytest.approx(F.cross_entropy(t_logits, labels[chosen]).item(), rel=1e-5)
+    n = chosen.sum().item()
+    assert metrics["student_mlm_accuracy"] == (s_logits.argmax(-1) == labels[chosen]).sum().item() / n
+    assert metrics["teacher_mlm_accuracy"] == (t_logits.argmax(-1) == labels[chosen]).sum().item() / n
+    assert metrics["top1_agreement"] == (s_logits.argmax(-1) == t_logits.argmax(-1)).sum().item() / n
+
+
+def test_a_full_copy_of_the_teacher_agrees_with_it(teacher, batch) -> None:
+    clone = build_student(StudentConfig(teacher_layers=[0, 1, 2, 3]), teacher)
+    sums = Distiller(clone, teacher, ObjectiveConfig(), 0.15).evaluate(*batch)
+    metrics = eval_metrics({k: v.item() for k, v in sums.items()})
+    assert metrics["top1_agreement"] == 1.0
+    assert metrics["student_mlm_loss"] == pytest.approx(metrics["teacher_mlm_loss"], rel=1e-5)
+
+
+def test_teacher_without_mlm_head_trains_with_mlm_and_cos(bert_tokenizer_dir: Path, batch) -> None:
+    minilm = load_teacher(str(bert_tokenizer_dir), torch.float32)  # the real all-MiniLM-L6-v2, no MLM head
+    student = build_student(StudentConfig(), minilm)
+    distiller = Distiller(student, minilm, ObjectiveConfig(ce=0.0, mlm=2.0, cos=1.0), 0.15)
+    out = distiller(*batch)
+    assert set(out) == {"loss", "mlm", "cos"} and torch.isfinite(out["loss"])
+    out["loss"].backward()
+    assert "teacher_mlm_loss" not in eval_metrics({k: v.item() for k, v in distiller.evaluate(*batch).items()})
+
+
+def train_config(teacher: str, **overrides: object) -> TrainConfig:
+    return load_config(
+        TrainConfig, None, [f"teacher={teacher}", "data=d", "output_dir=o"] + [f"{k}={v}" for k, v in overrides.items()]
+    )
+
+
+@pytest.mark.parametrize("key", ["ce", "mse"])
+def test_logit_losses_need_a_teacher_mlm_head(bert_tokenizer_dir: Path, key: str) -> None:
+    teacher_config = load_teacher_config(str(bert_tokenizer_dir))
+    others = {"objective.ce": 0.0, "objective.mse": 0.0, f"objective.{key}": 1.0}
+    with pytest.raises(ConfigError, match=rf"objective\.{key}: .*no masked-LM head"):
+        validate_against_teacher(train_config(str(bert_tokenizer_dir), **others), teacher_config)
+    validate_against_teacher(train_config(str(bert_tokenizer_dir), **{"objective.ce": 0.0}), teacher_config)
+
+
+def test_cosine_loss_needs_equal_widths(tiny_teacher_dir: Path) -> None:
+    narrow = {"student.init": "random", "student.hidden_size": 32, "student.num_attention_heads": 2}
+    with pytest.raises(ConfigError, match=r"objective\.cos"):
+        validate_against_teacher(
+            train_config(str(tiny_teacher_dir), **narrow), load_teacher_config(str(tiny_teacher_dir))
+        )
+
+
+@pytest.mark.parametrize(
+    "objective",
+    [
+        ObjectiveConfig(),
+        ObjectiveConfig(ce=0.0, cos=0.0),
+        ObjectiveConfig(ce=0.0, mlm=0.0, cos=1.0),
+        ObjectiveConfig(mse=1.0, ce_positions="all"),
+    ],
+    ids=["distilbert", "mlm-only", "cos-only", "all-positions"],
+)
+def test_step_flops_formula_matches_counted_matmuls(student, teacher, batch, objective: ObjectiveConfig) -> None:
+    """Teacher forward + student forward/backward, with the vocabulary projection only where needed."""
+    masked, _, labels = batch
+    distiller = Distiller(student, teacher, objective, 0.15)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        distiller(masked, None, labels)["loss"].backward()
+    expected = step_flops_per_token(objective, teacher.config, student.config, 0.15, masked.shape[1])["total"]
+    assert counter.get_total_flops() == pytest.approx(expected * masked.numel(), rel=1e-9)

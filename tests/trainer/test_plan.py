@@ -1,0 +1,104 @@
+"""``python -m trainer plan``: sizing a run from the teacher's config.json alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError
+from trainer import plan
+
+REPO = Path(__file__).resolve().parents[2]
+BERT_BASE = REPO / "configs" / "teachers" / "bert-base-uncased"
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"teacher: {BERT_BASE}\ndata: {tmp_path / 'dataset'}\noutput_dir: {tmp_path / 'out'}\n"
+        "global_batch_size: 4096\nmicro_batch_size: 16\nmax_steps: 100\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_plan(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert plan.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_json_plan_for_distilbert(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = json.loads(run_plan(capsys, str(config_file), "--json", "--world-size", "8"))
+    assert result["teacher_params"] == 108_891_648  # bert-base-uncased encoder (no MLM head, no pooler)
+    assert result["student_params"] == 66_362_880 + 768  # DistilBERT's 66M (+ one token-type row)
+    assert result["layer_map"] == [0, 2, 4, 7, 9, 11]
+    assert result["teacher"]["class"] == result["student"]["class"] == "BertForMaskedLM"
+    assert result["student"]["num_layers"] == 6 and result["student"]["hidden_size"] == 768
+    batch = result["batch"]
+    assert batch["gradient_accumulation_steps"] == 32
+    assert batch["micro_batch_size"] * batch["gradient_accumulation_steps"] * batch["world_size"] == 4096
+    assert batch["seq_len"] == 512 and batch["tokens_per_step"] == 4096 * 512
+    flops = result["flops_per_token"]
+    assert flops["total"] == pytest.approx(flops["teacher_forward"] + flops["student_forward_backward"])
+    # Student forward+backward of 6 layers is about 3 x 6/12 of the teacher's forward: 1.5x, plus the sparse heads.
+    assert 1.4 < flops["student_forward_backward"] / flops["teacher_forward"] < 1.7
+    assert result["flops_total"] == pytest.approx(flops["total"] * 4096 * 512 * 100)
+    assert result["config"]["teacher"] == str(BERT_BASE) and result["data"]["found"] is False
+
+
+def test_overrides_and_text_report(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = run_plan(
+        capsys, str(config_file), "student.teacher_layers=[0,11]", "micro_batch_size=32", "--seq-len", "128"
+    )
+    assert "layer map (student layer i <- teacher layer): [0, 11]" in text
+    assert "micro 32 x accumulation 128 x world size 1 = global 4096 sequences of 128 tokens" in text
+    assert "teacher: BertForMaskedLM 12 layers x 768 hidden" in text
+
+
+def test_sequence_length_and_epochs_come_from_the_manifest(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    manifest = {"max_seq_len": 256, "tokenizer": {"vocab_size": 30522}, "splits": {"train": {"samples": 204800}}}
+    (dataset / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    result = json.loads(run_plan(capsys, str(config_file), "--json"))
+    assert result["batch"]["seq_len"] == 256 and result["data"]["epochs"] == pytest.approx(100 * 4096 / 204800)
+    manifest["tokenizer"]["vocab_size"] = 50265
+    (dataset / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(ConfigError, match="data: the dataset's tokenizer has 50265 ids"):
+        plan.main([str(config_file)])
+
+
+def test_batch_that_does_not_divide_is_a_config_error(config_file: Path) -> None:
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        plan.main([str(config_file), "--world-size", "3"])
+
+
+def test_random_student_has_no_layer_map(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = ["student.init=random", "student.hidden_size=384", "student.num_layers=4", "objective.cos=0"]
+    result = json.loads(run_plan(capsys, str(config_file), *overrides, "--json"))
+    assert result["layer_map"] is None and result["student"]["num_layers"] == 4
+    assert result["student_params"] < 30e6
+
+
+def test_cli_rejects_logit_losses_for_a_teacher_without_mlm_head(config_file: Path, bert_tokenizer_dir: Path) -> None:
+    """The real all-MiniLM-L6-v2 has no MLM head: the default objective (ce=5) is refused before anything runs."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "plan", str(config_file), f"teacher={bert_tokenizer_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: objective.ce: needs the teacher's logits")
+    assert "no masked-LM head" in proc.stderr
