@@ -215,11 +215,16 @@ def copy_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_
         mlm_head(student).load_state_dict(teacher_head.state_dict())
 
 
+def model_from_config(config: PretrainedConfig) -> PreTrainedModel:
+    """A randomly initialised model of the class the checkpoint loads as (masked LM if it has a head)."""
+    auto = AutoModelForMaskedLM if has_mlm_head(config) else AutoModel
+    return auto.from_config(config, attn_implementation="sdpa")
+
+
 def build_on_meta(config: PretrainedConfig) -> PreTrainedModel:
     """The model a config describes, on the meta device: exact shapes, no memory, no weights."""
-    auto = AutoModelForMaskedLM if has_mlm_head(config) else AutoModel
     with torch.device("meta"):
-        return auto.from_config(config, attn_implementation="sdpa")
+        return model_from_config(config)
 
 
 def count_parameters(model: PreTrainedModel) -> dict[str, int]:

@@ -1,0 +1,211 @@
+"""Throughput and model-FLOPs utilisation (MFU) of one distillation step, for any trainer config.
+
+    python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
+        [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR] [--json]
+
+A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
+the Distiller's forward (teacher forward + student forward with the config's objective) and
+backward, and a torch AdamW step. Batches are synthetic packed sequences ([CLS], random
+non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on the text. The
+student runs under autocast in ``deepspeed.precision`` (bf16/fp16) with float32 weights, as
+DeepSpeed's mixed precision does; the teacher runs in that dtype.
+
+MFU = tokens/s x model FLOPs per token (``trainer.distiller.step_flops_per_token``, the figure
+``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
+peak of a known GPU, else (CPU) a measured large-matmul rate in the same dtype, which makes the
+CPU figure "fraction of what this machine's matmul achieves", not of a datasheet number.
+
+``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
+``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
+matching tokenizer when the teacher directory has none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from common.cli import run_cli, split_config_args
+from common.config import ConfigError, load_config
+from common.tokenizer import load_tokenizer
+from trainer.config import TrainConfig
+from trainer.distiller import Distiller, step_flops_per_token, validate_against_teacher
+from trainer.masking import DynamicMasker, seeded_generator
+from trainer.modeling import (
+    build_student,
+    load_teacher,
+    load_teacher_config,
+    model_from_config,
+    training_dtype,
+)
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
+GPU_PEAK_BF16 = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "V100": 125e12,  # fp16 (no bf16 tensor cores)
+}
+
+
+def gpu_peak(name: str) -> float | None:
+    return next((peak for key, peak in GPU_PEAK_BF16.items() if key in name), None)
+
+
+def measured_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of a large square matmul in ``dtype``: the practical ceiling of this device."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b  # warm-up
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    synchronize(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """Packed sequences of random non-special tokens: [CLS] first, a [SEP] every ~100 tokens."""
+    special = torch.tensor(tokenizer.all_special_ids)
+    ordinary = torch.arange(len(tokenizer))[~torch.isin(torch.arange(len(tokenizer)), special)]
+    ids = ordinary[torch.randint(len(ordinary), (batch, seq_len), generator=generator)]
+    ids[:, 0] = tokenizer.cls_token_id
+    ids[:, 100::100] = tokenizer.sep_token_id
+    return ids
+
+
+def build_models(cfg: TrainConfig, random_weights: bool) -> tuple[Any, Any]:
+    """(teacher in the training dtype, float32 student), the student derived before the teacher is cast."""
+    if random_weights:
+        teacher = model_from_config(load_teacher_config(cfg.teacher)).requires_grad_(False).eval()
+    else:
+        teacher = load_teacher(cfg.teacher, torch.float32)
+    student = build_student(cfg.student, teacher)
+    return teacher.to(training_dtype(cfg.deepspeed.precision)), student
+
+
+def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    torch.manual_seed(cfg.seed)
+    teacher_config = load_teacher_config(cfg.teacher)
+    validate_against_teacher(cfg, teacher_config)
+    tokenizer = load_tokenizer(args.tokenizer or cfg.teacher)
+    teacher, student = build_models(cfg, args.random_weights)
+    teacher.to(device)
+    distiller = Distiller(student, teacher, cfg.objective, cfg.masking.probability).to(device).train()
+    masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=None, device=device)
+    optimizer = torch.optim.AdamW(
+        distiller.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps
+    )
+    dtype = training_dtype(cfg.deepspeed.precision)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    batches = [
+        synthetic_batch(tokenizer, cfg.micro_batch_size, args.seq_len, seeded_generator(cfg.seed, i)).to(device)
+        for i in range(4)
+    ]
+
+    def step(i: int) -> torch.Tensor:
+        masked, labels = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
+        with autocast:
+            loss = distiller(masked, None, labels)["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for i in range(args.warmup):
+        step(i)
+    synchronize(device)
+    start = time.perf_counter()
+    losses = [step(args.warmup + i) for i in range(args.steps)]
+    synchronize(device)
+    seconds = time.perf_counter() - start
+
+    tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
+    flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
+        "total"
+    ]
+    if args.peak_tflops is not None:
+        peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
+    elif device.type == "cuda" and gpu_peak(torch.cuda.get_device_name(device)) is not None:
+        peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
+    else:
+        peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
+    return {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)",
+        "precision": cfg.deepspeed.precision,
+        "teacher": cfg.teacher,
+        "student_layers": student.config.num_hidden_layers,
+        "micro_batch_size": cfg.micro_batch_size,
+        "seq_len": args.seq_len,
+        "objective": {k: getattr(cfg.objective, k) for k in ("ce", "mlm", "cos", "mse", "ce_positions")},
+        "steps": args.steps,
+        "seconds_per_step": seconds / args.steps,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": flops,
+        "achieved_tflops": tokens_per_s * flops / 1e12,
+        "peak_tflops": peak / 1e12,
+        "peak_source": peak_source,
+        "mfu": tokens_per_s * flops / peak,
+        "final_loss": float(losses[-1]),
+        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s of the device, in TFLOP/s")
+    parser.add_argument("--random-weights", action="store_true", help="teacher from its config.json, random init")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the teacher's)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_intermixed_args(argv)
+    if args.steps < 1 or args.seq_len < 2:
+        raise ConfigError("--steps must be >= 1 and --seq-len >= 2")
+    path, overrides = split_config_args(args.args)
+    cfg = load_config(TrainConfig, path, overrides)
+    result = benchmark(cfg, args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"{result['device']}, {result['precision']}, "
+            f"micro-batch {result['micro_batch_size']} x {result['seq_len']}: "
+            f"{result['seconds_per_step'] * 1e3:.1f} ms/step, {result['tokens_per_s']:,.0f} tokens/s, "
+            f"{result['flops_per_token']:.3e} FLOPs/token -> {result['achieved_tflops']:.3f} TFLOP/s, "
+            f"MFU {result['mfu']:.1%} of {result['peak_tflops']:.2f} TFLOP/s ({result['peak_source']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
