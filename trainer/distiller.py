@@ -9,6 +9,8 @@ forward under ``no_grad``. The caller moves it to the device (``teacher.to(devic
 One step computes only what the weighted terms need (a zero weight means not computed):
 
 * the teacher runs at all only if a term compares with it;
+* layer terms (TinyBERT, PKD, MiniLM; see ``trainer.layer_distillation``) capture only the
+  mapped layers' tensors, and their projections are the only parameters added besides the student;
 * vocabulary logits are computed only where a loss reads them: at the masked positions (a fixed
   budget of ``ceil(p * seq)`` slots per sequence, see :func:`masked_positions`), or at every
   position for ``objective.ce_positions=all``. ``[batch, seq, vocab]`` logits are never built
@@ -30,7 +32,9 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
+from trainer.capture import capture
 from trainer.config import ObjectiveConfig, TrainConfig
+from trainer.layer_distillation import LayerDistillation, layer_term_weights
 from trainer.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
 from trainer.masking import IGNORE_INDEX, max_masked
 from trainer.modeling import check_student, distillation_flops_per_token, has_mlm_head, mlm_head, student_config
@@ -83,13 +87,16 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig)
             f"needs the teacher's logits, but {cfg.teacher} has no masked-LM head "
             f"(architectures: {teacher_config.architectures}); set objective.{key}=0",
         )
-    student_hidden = student_config(cfg.student, teacher_config).hidden_size
+    s_config = student_config(cfg.student, teacher_config)
+    student_hidden = s_config.hidden_size
     require(
         cfg.objective.cos == 0 or student_hidden == teacher_config.hidden_size,
         "objective.cos",
         f"compares hidden states, but the student's width ({student_hidden}) differs from the teacher's "
         f"({teacher_config.hidden_size}); set objective.cos=0",
     )
+    with torch.device("meta"):  # resolves the layer maps and head checks; no memory
+        LayerDistillation(cfg.objective, teacher_config, s_config)
 
 
 def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len: int) -> dict[str, Any]:
@@ -99,7 +106,7 @@ def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len
     logits = any(name in weights for name in LOGIT_TERMS)
     at = 1.0 if objective.ce_positions == "all" else masked
     return {
-        "teacher_forward": any(name in weights for name in TEACHER_TERMS),
+        "teacher_forward": bool(layer_term_weights(objective)) or any(name in weights for name in TEACHER_TERMS),
         "teacher_head_fraction": at if logits else 0.0,
         "student_head_fraction": at if logits else masked if "mlm" in weights else 0.0,
     }
@@ -133,7 +140,10 @@ class Distiller(nn.Module):
         self._teacher = (teacher,)  # a tuple: not registered, so never partitioned, optimised or saved
         self.objective = objective
         self.mask_probability = mask_probability
-        self.weights = active_weights(objective)
+        # Layer terms and their projections (W_e, W_h): a registered submodule, so trained and checkpointed.
+        self.layer_distillation = LayerDistillation(objective, teacher.config, student.config)
+        self.capture_specs = self.layer_distillation.capture_specs()
+        self.weights = {**active_weights(objective), **self.layer_distillation.weights}
 
     @property
     def teacher(self) -> PreTrainedModel:
@@ -150,16 +160,21 @@ class Distiller(nn.Module):
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         masked = masked_positions(labels, max_masked(self.mask_probability, input_ids.shape[1]))
         logits_at = masked if self.objective.ce_positions == "masked" else Positions(index=None, valid=real)
-        student_hidden = self.student.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        student_spec, teacher_spec = self.capture_specs
+        with capture(self.student, student_spec) as student_layers:
+            student_hidden = self.student.base_model(
+                input_ids=input_ids, attention_mask=attention_mask
+            ).last_hidden_state
         student_head = mlm_head(self.student)
 
         terms: dict[str, torch.Tensor] = {}
         student_logits = None  # at logits_at, when a logit loss needs them
-        if any(name in self.weights for name in TEACHER_TERMS):
-            with torch.no_grad():
+        if self.layer_distillation.weights or any(name in self.weights for name in TEACHER_TERMS):
+            with torch.no_grad(), capture(self.teacher, teacher_spec) as teacher_layers:
                 teacher_hidden = self.teacher.base_model(
                     input_ids=input_ids, attention_mask=attention_mask
                 ).last_hidden_state
+            terms.update(self.layer_distillation(student_layers, teacher_layers, real))
             if "cos" in self.weights:
                 terms["cos"] = cosine_loss(student_hidden, teacher_hidden, real)
             if any(name in self.weights for name in LOGIT_TERMS):

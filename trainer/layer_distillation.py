@@ -51,6 +51,20 @@ def explicit_layer_map(layers: list[int], expected: int, teacher_layers: int, ke
     return list(layers)
 
 
+def layer_term_weights(objective: ObjectiveConfig) -> dict[str, float]:
+    """The active layer terms (positive weight) by the name they are logged under."""
+    tiny, minilm = objective.tinybert, objective.minilm
+    weights = {
+        "tinybert_embedding": tiny.embedding,
+        "tinybert_hidden": tiny.hidden,
+        "tinybert_attention": tiny.attention,
+        "pkd": objective.pkd.weight,
+        "minilm_attention": minilm.attention,
+        "minilm_value": minilm.value,
+    }
+    return {name: weight for name, weight in weights.items() if weight > 0}
+
+
 class LayerDistillation(nn.Module):
     """The layer-level terms of the objective; ``weights`` names each active term and its weight."""
 
@@ -60,15 +74,7 @@ class LayerDistillation(nn.Module):
         n_teacher, n_student = teacher_config.num_hidden_layers, student_config.num_hidden_layers
         self.teacher_heads = teacher_config.num_attention_heads
         self.student_heads = student_config.num_attention_heads
-        weights = {
-            "tinybert_embedding": tiny.embedding,
-            "tinybert_hidden": tiny.hidden,
-            "tinybert_attention": tiny.attention,
-            "pkd": pkd.weight,
-            "minilm_attention": minilm.attention,
-            "minilm_value": minilm.value,
-        }
-        self.weights = {name: weight for name, weight in weights.items() if weight > 0}
+        self.weights = layer_term_weights(objective)
 
         self.tinybert_map: list[tuple[int, int]] = []
         if tiny.hidden > 0 or tiny.attention > 0:

@@ -18,12 +18,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from trainer.config import TrainConfig
 from trainer.distiller import step_flops_per_token, validate_against_teacher
+from trainer.layer_distillation import LayerDistillation
 from trainer.modeling import build_on_meta, describe, load_teacher_config, student_config, student_layer_map
 
 
@@ -62,6 +64,8 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         describe(teacher_config, build_on_meta(teacher_config)),
         describe(s_config, build_on_meta(s_config)),
     )
+    with torch.device("meta"):
+        layers = LayerDistillation(cfg.objective, teacher_config, s_config)
     flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
@@ -73,6 +77,11 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         "layer_map": student_layer_map(cfg.student, teacher_config.num_hidden_layers)
         if cfg.student.init == "from_teacher"
         else None,
+        "layer_distillation": {
+            "weights": layers.weights,
+            "maps": layers.layer_maps(),  # (student layer, teacher layer) pairs per family
+            "projection_params": sum(p.numel() for p in layers.parameters()),  # trained, never exported
+        },
         "batch": {
             "micro_batch_size": cfg.micro_batch_size,
             "gradient_accumulation_steps": accumulation,
@@ -115,6 +124,11 @@ def render(plan: dict[str, Any]) -> str:
         )
     if plan["layer_map"] is not None:
         lines.append(f"layer map (student layer i <- teacher layer): {plan['layer_map']}")
+    layers = plan["layer_distillation"]
+    if layers["weights"]:
+        terms = ", ".join(f"{weight:g}·{name}" for name, weight in layers["weights"].items())
+        lines.append(f"layer terms: {terms}; maps (student layer, teacher layer): {layers['maps']}")
+        lines.append(f"  projections W_e/W_h: {layers['projection_params']:,} params (trained, not exported)")
     b = plan["batch"]
     lines += [
         f"batch: micro {b['micro_batch_size']} x accumulation {b['gradient_accumulation_steps']} x world size "
