@@ -1,0 +1,92 @@
+"""Checkpoint rotation and discovery, the metrics log on resume, and the atomic student export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from common.config import ConfigError
+from trainer.checkpoint import checkpoint_dirs, latest_tag, prune, tag_for
+from trainer.export import resolve_checkpoint, save_student
+from trainer.metrics import truncate_after
+
+
+def make_checkpoints(root: Path, steps: list[int], latest: int | None = None) -> None:
+    for step in steps:
+        (root / tag_for(step)).mkdir(parents=True)
+    if latest is not None:
+        (root / "latest").write_text(tag_for(latest))
+
+
+def names(root: Path) -> list[str]:
+    return [p.name for p in checkpoint_dirs(root)]
+
+
+def test_prune_keeps_the_newest_k_in_step_order(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, [5, 10, 100, 15, 20])
+    (tmp_path / "unrelated").mkdir()
+    prune(tmp_path, keep_last=2, newest_step=100)
+    assert names(tmp_path) == [tag_for(20), tag_for(100)]
+    assert (tmp_path / "unrelated").is_dir()
+
+
+def test_prune_after_resume_drops_checkpoints_of_the_abandoned_future(tmp_path: Path) -> None:
+    # Killed after saving step 30 but before `latest` moved: resumed from 20, now saving 25.
+    make_checkpoints(tmp_path, [10, 20, 25, 30])
+    prune(tmp_path, keep_last=3, newest_step=25)
+    assert names(tmp_path) == [tag_for(10), tag_for(20), tag_for(25)]
+
+
+def test_latest_tag_requires_the_file_and_the_directory(tmp_path: Path) -> None:
+    assert latest_tag(tmp_path) is None
+    make_checkpoints(tmp_path, [10], latest=20)
+    assert latest_tag(tmp_path) is None  # `latest` names a checkpoint that is gone
+    make_checkpoints(tmp_path, [20], latest=20)
+    assert latest_tag(tmp_path) == tag_for(20)
+
+
+def test_resolve_checkpoint_accepts_output_dir_checkpoints_dir_or_one_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    make_checkpoints(root, [10, 20], latest=20)
+    assert resolve_checkpoint(tmp_path) == (root, tag_for(20))
+    assert resolve_checkpoint(root) == (root, tag_for(20))
+    assert resolve_checkpoint(root / tag_for(10)) == (root, tag_for(10))
+    (root / "latest").unlink()
+    assert resolve_checkpoint(tmp_path) == (root, tag_for(20))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        resolve_checkpoint(tmp_path / "elsewhere")
+
+
+def test_metrics_log_is_cut_back_to_the_resumed_step(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "train/loss": 1.0 / s}) + "\n" for s in range(1, 8)))
+    truncate_after(path, 5)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    truncate_after(tmp_path / "absent.jsonl", 5)  # a fresh run has nothing to cut
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_save_student_replaces_atomically_and_leaves_nothing_behind_on_failure(
+    tmp_path: Path, bert_tokenizer_dir: Path
+) -> None:
+    config = BertConfig(
+        vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(bert_tokenizer_dir)
+    dest = tmp_path / "student"
+    save_student(BertForMaskedLM(config), tokenizer, dest)
+    first = (dest / "model.safetensors").read_bytes()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in dest.iterdir()}
+
+    save_student(BertForMaskedLM(config), tokenizer, dest)  # replaces the previous export whole
+    assert (dest / "model.safetensors").read_bytes() != first
+    second = (dest / "model.safetensors").read_bytes()
+
+    with pytest.raises(AttributeError):
+        save_student(BertForMaskedLM(config), None, dest)  # fails after writing the weights
+    assert (dest / "model.safetensors").read_bytes() == second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student"]
+    assert BertForMaskedLM.from_pretrained(dest).config.hidden_size == 16
