@@ -2,21 +2,23 @@
 
 Stages (each a Beam step, so any runner can spread them over workers):
 
-1. ``TokenizeToBuckets`` (one element per input file): stream documents, clean, drop empty
-   and short ones, tokenize in batches, hash the cleaned text, and append ``(hash, ids)``
-   records to one spill file per hash bucket. Only spill-file names and counters travel
-   through the pipeline, so no runner (including the in-memory DirectRunner) ever holds the
-   corpus in memory; a bucket is ``bucket_input_bytes`` of input at most.
-2. ``PackBucket`` (one element per bucket): load the bucket's records, sort by hash, drop
-   exact duplicates (equal hash), split train/valid by hash, write each split's
-   ``doc [SEP] doc [SEP] ...`` stream.
-3. ``plan_shards`` + ``WriteShard``: from the streams' token counts alone, cut each split into
+1. ``ReadAndClean`` (one element per input file): stream documents, clean them, drop empty and
+   short ones, and cut the survivors into chunk files of about ``chunk_bytes``.
+2. ``TokenizeChunk`` (one element per chunk, so work is balanced whatever the file sizes):
+   tokenize in batches, hash the cleaned text, and write ``(hash, ids)`` records grouped by
+   hash bucket into one spill file.
+3. ``PackBucket`` (one element per bucket, ``bucket_input_bytes`` of input at most): load the
+   bucket's records, sort by hash, drop exact duplicates (equal hash), split train/valid by
+   hash, and write each split's ``doc [SEP] doc [SEP] ...`` stream.
+4. ``plan_shards`` + ``WriteShard``: from the streams' token counts alone, cut each split into
    shards of exactly ``samples_per_shard`` sequences; every shard is written independently.
-4. ``finalize``: token_counts.npy, then manifest.json (published last), then the work dir goes.
+5. ``finalize``: token_counts.npy, then manifest.json (published last), then the work dir goes.
 
-Nothing depends on how elements were distributed over workers: bucket contents are sorted
-by hash before use and the shard layout is a function of the sorted streams, so shards are
-byte-identical for any worker count and any runner.
+Bulk data moves through files under ``OUTPUT/.work`` and only file references and counters
+travel through the pipeline, so no runner (the in-memory DirectRunner included) ever holds
+the corpus in memory. Nothing depends on how elements were spread over workers: bucket
+contents are sorted by hash before use and the shard layout is a function of the sorted
+streams, so shards are byte-identical for any worker count and any runner.
 """
 
 from __future__ import annotations
@@ -36,10 +38,8 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms.window import GlobalWindows
 
 from common.config import to_dict
-from common.tokenizer import load_tokenizer
 from preprocessing.cleaning import clean_text
 from preprocessing.config import PreprocessConfig
 from preprocessing.manifest import MANIFEST, SPLITS, TOKEN_COUNTS, build_manifest, read_manifest, write_manifest
@@ -52,7 +52,6 @@ from preprocessing.packing import (
     hash_bucket,
     hash_split,
     pack_sequences,
-    plain_tokenizer,
     plan_shards,
 )
 from preprocessing.preflight import RunPlan, preflight
@@ -70,27 +69,34 @@ def _count(key: str, n: int = 1) -> None:
     beam.metrics.Metrics.counter("preprocessing", key).inc(n)
 
 
-class TokenizeToBuckets(beam.DoFn):
-    """Stage 1: input file path -> spill files ``(bucket, path)`` (+ counters on the ``counts`` tag)."""
+def work_path(plan: RunPlan, *parts: str) -> str:
+    return FileSystems.join(plan.output, WORK_DIR, *parts)
+
+
+def read_file(path: str, start: int = 0, stop: int | None = None) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        if start:
+            handle.seek(start)
+        return handle.read() if stop is None else handle.read(stop - start)
+
+
+class ReadAndClean(beam.DoFn):
+    """Stage 1: an input file -> chunk files of cleaned documents (+ counters on the ``counts`` tag).
+
+    Cutting files into ``chunk_bytes`` chunks is what lets the runner spread the expensive
+    tokenization evenly over workers, however unevenly sized the input files are.
+    """
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
         self.plan = plan
         self.read_options = ReadOptions(cfg.text_field, cfg.max_doc_chars, cfg.invalid_utf8)
 
-    def setup(self) -> None:
-        self.core = plain_tokenizer(load_tokenizer(self.cfg.tokenizer))
-        self.dtype = np.dtype(self.plan.dtype)
-
-    def start_bundle(self) -> None:
-        self.writers: dict[int, tuple[str, Any]] = {}
-        self.batch: list[str] = []
-        self.batch_chars = 0
-        self.counts: Counter = Counter()
-
     def process(self, path: str) -> Iterator[Any]:
         started = time.monotonic()
         counts: Counter = Counter()
+        chunk: list[bytes] = []
+        size = 0
         for raw in read_documents(path, self.read_options, counts):
             text, removed = clean_text(raw)
             if removed:
@@ -100,57 +106,101 @@ class TokenizeToBuckets(beam.DoFn):
             elif len(text) < self.cfg.min_doc_chars:
                 counts["documents.dropped.too_short"] += 1
             else:
-                self.batch.append(text)
-                self.batch_chars += len(text)
-                if self.batch_chars >= self.cfg.tokenize_batch_chars:
-                    self._flush(counts)
-        for key, n in counts.items():
-            _count(key, n)
-        self.counts.update(counts)
-        seconds = time.monotonic() - started
+                data = text.encode("utf-8")
+                chunk += (_LENGTH.pack(len(data)), data)
+                size += len(data)
+                if size >= self.cfg.chunk_bytes:
+                    yield self._write_chunk(chunk)
+                    chunk, size = [], 0
+        if chunk:
+            yield self._write_chunk(chunk)
         log.info(
             "read %s: %d documents, %.1f MB in %.1fs (%d dropped)",
             path,
             counts["documents.read"],
             counts["input_bytes"] / 1e6,
-            seconds,
+            time.monotonic() - started,
             sum(n for k, n in counts.items() if k.startswith("documents.dropped.")),
         )
-        return iter(())
+        for key, n in sorted(counts.items()):
+            _count(key, n)
+            yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
 
-    def _flush(self, counts: Counter) -> None:
-        if not self.batch:
-            return
-        for text, ids in zip(self.batch, encode_batch(self.core, self.batch, self.dtype), strict=True):
-            if not len(ids):
-                counts["documents.dropped.no_tokens"] += 1
-                continue
-            digest = document_hash(text, self.cfg.seed)
-            self._writer(hash_bucket(digest, self.plan.num_buckets)).write(
-                digest + _LENGTH.pack(len(ids)) + ids.tobytes()
-            )
-        self.batch, self.batch_chars = [], 0
-
-    def _writer(self, bucket: int) -> Any:
-        if bucket not in self.writers:
-            path = FileSystems.join(
-                self.plan.output, WORK_DIR, "spill", f"bucket-{bucket:06d}", f"{uuid.uuid4().hex}.bin"
-            )
-            self.writers[bucket] = (path, FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED))
-        return self.writers[bucket][1]
-
-    def finish_bundle(self) -> Iterator[Any]:
-        self._flush(self.counts)
-        for bucket, (path, handle) in sorted(self.writers.items()):
-            handle.close()
-            yield GlobalWindows.windowed_value((bucket, path))
-        for key, n in sorted(self.counts.items()):
-            yield beam.pvalue.TaggedOutput(COUNTS, GlobalWindows.windowed_value((key, n)))
+    def _write_chunk(self, parts: list[bytes]) -> str:
+        path = work_path(self.plan, "text", f"{uuid.uuid4().hex}.bin")
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.write(b"".join(parts))
+        return path
 
 
-def read_spill(path: str, dtype: np.dtype) -> Iterator[tuple[bytes, np.ndarray]]:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        data = handle.read()
+def read_chunk(path: str) -> list[str]:
+    data = read_file(path)
+    texts, offset = [], 0
+    while offset < len(data):
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        texts.append(data[offset : offset + length].decode("utf-8"))
+        offset += length
+    return texts
+
+
+class TokenizeChunk(beam.DoFn):
+    """Stage 2: a chunk file -> one spill file of ``(hash, ids)`` records grouped by hash bucket.
+
+    Emits ``(bucket, (spill path, start byte, stop byte))`` per bucket present: only these
+    small references travel through the shuffle, never the tokens themselves.
+    """
+
+    def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
+        self.cfg = cfg
+        self.plan = plan
+
+    def setup(self) -> None:
+        """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
+        from tokenizers import Tokenizer
+
+        self.core = Tokenizer.from_str(self.plan.tokenizer_json)
+        self.dtype = np.dtype(self.plan.dtype)
+
+    def process(self, path: str) -> Iterator[Any]:
+        texts = read_chunk(path)
+        buckets: dict[int, list[bytes]] = {}
+        no_tokens = 0
+        for batch in batches(texts, self.cfg.tokenize_batch_chars):
+            for text, ids in zip(batch, encode_batch(self.core, batch, self.dtype), strict=True):
+                if not len(ids):
+                    no_tokens += 1
+                    continue
+                digest = document_hash(text, self.cfg.seed)
+                record = digest + _LENGTH.pack(len(ids)) + ids.tobytes()
+                buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
+        spill = work_path(self.plan, "spill", f"{uuid.uuid4().hex}.bin")
+        offset = 0
+        with FileSystems.create(spill, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            for bucket, records in sorted(buckets.items()):
+                data = b"".join(records)
+                handle.write(data)
+                yield bucket, (spill, offset, offset + len(data))
+                offset += len(data)
+        _count("documents.tokenized", len(texts) - no_tokens)
+        if no_tokens:
+            yield beam.pvalue.TaggedOutput(COUNTS, ("documents.dropped.no_tokens", no_tokens))
+
+
+def batches(texts: list[str], batch_chars: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def parse_records(data: bytes, dtype: np.dtype) -> Iterator[tuple[bytes, np.ndarray]]:
     offset = 0
     while offset < len(data):
         digest = data[offset : offset + HASH_BYTES]
@@ -161,16 +211,17 @@ def read_spill(path: str, dtype: np.dtype) -> Iterator[tuple[bytes, np.ndarray]]
 
 
 class PackBucket(beam.DoFn):
-    """Stage 2: ``(bucket, spill paths)`` -> ``(split, (bucket, n_tokens, stream path))``."""
+    """Stage 3: ``(bucket, spill ranges)`` -> ``(split, (bucket, n_tokens, stream path))``."""
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
         self.plan = plan
 
-    def process(self, element: tuple[int, list[str]]) -> Iterator[Any]:
-        bucket, paths = element
+    def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
+        bucket, ranges = element
         dtype = np.dtype(self.plan.dtype)
-        records = sorted((record for path in sorted(paths) for record in read_spill(path, dtype)), key=lambda r: r[0])
+        records = [record for r in sorted(ranges) for record in parse_records(read_file(*r), dtype)]
+        records.sort(key=lambda record: record[0])
         documents: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
         previous = None
         duplicates = 0
@@ -184,7 +235,7 @@ class PackBucket(beam.DoFn):
             if not docs:
                 continue
             stream = document_stream(docs, self.plan.sep_id, dtype)
-            path = FileSystems.join(self.plan.output, WORK_DIR, "stream", split, f"bucket-{bucket:06d}.bin")
+            path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
             with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
                 handle.write(stream.tobytes())
             yield split, (bucket, len(stream), path)
@@ -195,14 +246,11 @@ class PackBucket(beam.DoFn):
 
 
 def read_slice(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.seek(start * dtype.itemsize)
-        data = handle.read((stop - start) * dtype.itemsize)
-    return np.frombuffer(data, dtype=dtype)
+    return np.frombuffer(read_file(path, start * dtype.itemsize, stop * dtype.itemsize), dtype=dtype)
 
 
 class WriteShard(beam.DoFn):
-    """Stage 3: a ShardTask -> ``(split, manifest entry)`` and, for train, its token counts."""
+    """Stage 4: a ShardTask -> ``(split, manifest entry)`` and, for train, its token counts."""
 
     TOKEN_COUNTS = "token_counts"
 
@@ -275,19 +323,24 @@ def delete_tree(path: str) -> None:
 
 
 def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan) -> None:
-    stage1 = (
+    read = (
         pipeline
         | "InputFiles" >> beam.Create(plan.files)
         | "SpreadFiles" >> beam.Reshuffle()
-        | "TokenizeToBuckets" >> beam.ParDo(TokenizeToBuckets(cfg, plan)).with_outputs(COUNTS, main="spills")
+        | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan)).with_outputs(COUNTS, main="chunks")
     )
-    stage2 = (
-        stage1.spills
+    tokenized = (
+        read.chunks
+        | "SpreadChunks" >> beam.Reshuffle()
+        | "TokenizeChunk" >> beam.ParDo(TokenizeChunk(cfg, plan)).with_outputs(COUNTS, main="spills")
+    )
+    packed = (
+        tokenized.spills
         | "GroupSpills" >> beam.GroupByKey()
         | "PackBucket" >> beam.ParDo(PackBucket(cfg, plan)).with_outputs(COUNTS, main="streams")
     )
     written = (
-        stage2.streams
+        packed.streams
         | "GroupStreams" >> beam.GroupByKey()
         | "PlanShards"
         >> beam.FlatMap(lambda kv: plan_shards(kv[0], list(kv[1]), cfg.max_seq_len, cfg.samples_per_shard))
@@ -297,7 +350,11 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan
     token_counts = written.token_counts | "SumTokenCounts" >> beam.CombineGlobally(
         SumArrays(plan.identity["vocab_size"])
     )
-    counts = (stage1.counts, stage2.counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum)
+    counts = (
+        (read.counts, tokenized.counts, packed.counts)
+        | "AllCounts" >> beam.Flatten()
+        | "SumCounts" >> beam.CombinePerKey(sum)
+    )
     _ = (
         pipeline
         | "Finish" >> beam.Create([None])

@@ -96,6 +96,17 @@ def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path],
     return Path(out_dir)
 
 
+# Small chunks and buckets so that even the 220 KB sample exercises several of each.
+TINY_DATASET_SETTINGS: dict[str, object] = {
+    "max_seq_len": 64,
+    "samples_per_shard": 128,
+    "valid_fraction": 0.1,
+    "seed": 0,
+    "chunk_bytes": 32768,
+    "bucket_input_bytes": 65536,
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_dir: Path, sample_corpus: Path) -> Path:
     """The sample corpus as a real dataset: max_seq_len 64, 8 train shards of 128 sequences, 2 valid shards."""
@@ -103,9 +114,6 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
         tmp_path_factory.mktemp("tiny-dataset") / "dataset",
         bert_tokenizer_dir,
         sample_corpus,
-        max_seq_len=64,
-        samples_per_shard=128,
-        valid_fraction=0.1,
-        seed=0,
+        **TINY_DATASET_SETTINGS,
         beam={"direct_num_workers": 2},
     )

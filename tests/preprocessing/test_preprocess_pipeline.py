@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
-from conftest import build_dataset
+from conftest import TINY_DATASET_SETTINGS, build_dataset
 from transformers import AutoTokenizer
 
 from preprocessing.cleaning import clean_text
@@ -141,10 +141,7 @@ def one_worker_dir(tmp_path_factory, tiny_dataset_dir, bert_tokenizer_dir, sampl
         dataset,
         bert_tokenizer_dir,
         sample_corpus,
-        max_seq_len=64,
-        samples_per_shard=128,
-        valid_fraction=0.1,
-        seed=0,
+        **TINY_DATASET_SETTINGS,
         overwrite=True,
         beam={"direct_num_workers": 1},
     )
