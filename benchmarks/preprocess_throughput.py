@@ -107,7 +107,7 @@ def main() -> None:
     print(f"corpus: {len(files)} files, {len(texts):,} documents, {text_mb:.1f} MB of text; {os.cpu_count()} cores")
     bare = bare_tokenizer_mb_s(tokenizer, texts, args.batch_chars)
     del texts
-    print(f"bare tokenizer: " + ", ".join(f"{name} {mb_s:.2f} MB/s" for name, mb_s in bare.items()))
+    print("bare tokenizer: " + ", ".join(f"{name} {mb_s:.2f} MB/s" for name, mb_s in bare.items()))
     best = max(bare.values())
     print("| copies | text MB | wall s | pipeline MB/s | ratio to best bare tokenizer | peak RSS MB (tree) |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -122,7 +122,8 @@ def main() -> None:
                     inputs.append(str(link))
             seconds, peak_mb, summary = run_pipeline(inputs, tokenizer, Path(tmp, f"out-{copies}"), args.workers)
             mb = text_mb * copies
-            print(f"| {copies}x | {mb:.1f} | {seconds:.1f} | {mb / seconds:.2f} | {mb / seconds / best:.2f} | {peak_mb:.0f} |")
+            ratio = mb / seconds / best
+            print(f"| {copies}x | {mb:.1f} | {seconds:.1f} | {mb / seconds:.2f} | {ratio:.2f} | {peak_mb:.0f} |")
             print("\n".join("    " + line for line in summary.strip().splitlines()), flush=True)
             for link in Path(tmp, "corpus").iterdir():
                 link.unlink()
