@@ -38,12 +38,20 @@ def hash_split(digest: bytes, valid_fraction: float) -> str:
 
 
 def plain_tokenizer(tokenizer: Any) -> Any:
-    """The fast tokenizer's Rust core without the truncation/padding a tokenizer.json may carry."""
+    """The fast tokenizer's Rust core, set up for corpus encoding (see :func:`core_from_json`)."""
+    return core_from_json(tokenizer.backend_tokenizer.to_str())
+
+
+def core_from_json(serialised: str) -> Any:
+    """Rebuild a Rust tokenizer without the truncation/padding a tokenizer.json may carry, and
+    with special-token strings in the text ("[SEP]" typed in a document) encoded as plain text,
+    so only packing ever places special tokens."""
     from tokenizers import Tokenizer
 
-    core = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    core = Tokenizer.from_str(serialised)
     core.no_truncation()
     core.no_padding()
+    core.encode_special_tokens = True
     return core
 
 

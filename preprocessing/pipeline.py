@@ -46,6 +46,7 @@ from preprocessing.manifest import MANIFEST, SPLITS, TOKEN_COUNTS, build_manifes
 from preprocessing.packing import (
     HASH_BYTES,
     ShardTask,
+    core_from_json,
     document_hash,
     document_stream,
     encode_batch,
@@ -157,9 +158,7 @@ class TokenizeChunk(beam.DoFn):
 
     def setup(self) -> None:
         """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
-        from tokenizers import Tokenizer
-
-        self.core = Tokenizer.from_str(self.plan.tokenizer_json)
+        self.core = core_from_json(self.plan.tokenizer_json)
         self.dtype = np.dtype(self.plan.dtype)
 
     def process(self, path: str) -> Iterator[Any]:

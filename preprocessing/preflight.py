@@ -21,7 +21,7 @@ from common.config import ConfigError
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from preprocessing.config import PreprocessConfig
 from preprocessing.manifest import MANIFEST
-from preprocessing.packing import plain_tokenizer, tokenizer_dtype
+from preprocessing.packing import tokenizer_dtype
 from preprocessing.readers import detect_format
 
 
@@ -39,8 +39,8 @@ class RunPlan:
     pad_id: int
     num_buckets: int
     tokenizer_json: str
-    """The fast tokenizer's Rust core, serialised without truncation/padding: workers rebuild it
-    with ``tokenizers`` alone instead of importing transformers and re-resolving the name."""
+    """The fast tokenizer's serialised Rust core: workers rebuild it with ``tokenizers`` alone
+    (``packing.core_from_json``) instead of importing transformers and re-resolving the name."""
 
 
 def absolute(path: str) -> str:
@@ -108,5 +108,5 @@ def preflight(cfg: PreprocessConfig) -> RunPlan:
         sep_id=ids["sep"],
         pad_id=ids["pad"],
         num_buckets=max(1, math.ceil(input_bytes / cfg.bucket_input_bytes)),
-        tokenizer_json=plain_tokenizer(tokenizer).to_str(),
+        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
     )

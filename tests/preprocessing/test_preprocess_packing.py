@@ -57,3 +57,16 @@ def test_plan_shards_cuts_the_concatenated_stream_into_exact_shards():
     assert covered == [("b0", 0, 6), ("b0", 6, 10), ("b2", 0, 2), ("b2", 2, 7)]
     assert [sum(s.stop - s.start for s in t.slices) for t in tasks] == [6, 6, 5]
     assert plan_shards("valid", [], 4, 2) == []
+
+
+def test_corpus_tokenizer_never_truncates_and_never_emits_special_tokens(bert_tokenizer_dir):
+    from common.tokenizer import load_tokenizer
+    from preprocessing.packing import encode_batch, plain_tokenizer
+
+    tokenizer = load_tokenizer(str(bert_tokenizer_dir))
+    assert tokenizer.backend_tokenizer.truncation is not None  # the shipped tokenizer.json truncates at 128
+    core = plain_tokenizer(tokenizer)
+    long_text, typed_specials = "word " * 1000, "a [SEP] b [CLS] c [PAD]"
+    long_ids, special_ids = encode_batch(core, [long_text, typed_specials], np.dtype(np.uint16))
+    assert len(long_ids) == 1000
+    assert not set(special_ids.tolist()) & {tokenizer.sep_token_id, tokenizer.cls_token_id, tokenizer.pad_token_id}
