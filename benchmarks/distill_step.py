@@ -14,6 +14,8 @@ MFU = tokens/s x model FLOPs per token (``trainer.distiller.step_flops_per_token
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
 peak of a known GPU, else (CPU) a measured large-matmul rate in the same dtype, which makes the
 CPU figure "fraction of what this machine's matmul achieves", not of a datasheet number.
+On CUDA it also runs one masking + forward + backward under ``torch.cuda.set_sync_debug_mode
+("error")`` and reports whether anything in it waited for the device.
 
 ``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
 ``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
@@ -84,6 +86,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def host_syncs(device: torch.device, forward_backward: Any) -> str:
+    """Masking + forward + backward under CUDA's sync debug mode: "none", or the first op that waited."""
+    if device.type != "cuda":
+        return "not checked (CPU)"
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward_backward()
+        return "none"
+    except RuntimeError as err:
+        return f"found: {str(err).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
     """Packed sequences of random non-special tokens: [CLS] first, a [SEP] every ~100 tokens."""
     special = torch.tensor(tokenizer.all_special_ids)
@@ -127,14 +143,18 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         for i in range(4)
     ]
 
-    def step(i: int) -> torch.Tensor:
+    def forward_backward(i: int) -> torch.Tensor:
         masked, labels = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
         with autocast:
             loss = distiller(masked, None, labels)["loss"]
         loss.backward()
+        return loss.detach()
+
+    def step(i: int) -> torch.Tensor:
+        loss = forward_backward(i)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss
 
     for i in range(args.warmup):
         step(i)
@@ -143,6 +163,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     losses = [step(args.warmup + i) for i in range(args.steps)]
     synchronize(device)
     seconds = time.perf_counter() - start
+    host_sync = host_syncs(device, lambda: forward_backward(0))
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
@@ -173,6 +194,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "peak_source": peak_source,
         "mfu": tokens_per_s * flops / peak,
         "final_loss": float(losses[-1]),
+        "host_sync_in_forward_backward": host_sync,
         "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
 
