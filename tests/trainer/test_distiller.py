@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,17 @@ def test_step_flops_formula_matches_counted_matmuls(student, teacher, batch, obj
         distiller(masked, None, labels)["loss"].backward()
     expected = step_flops_per_token(objective, teacher.config, student.config, 0.15, masked.shape[1])["total"]
     assert counter.get_total_flops() == pytest.approx(expected * masked.numel(), rel=1e-9)
+
+
+def test_bf16_step_matches_float32(student, teacher, batch) -> None:
+    """In DeepSpeed's bf16 mode both models hold bf16 weights; the losses are still float32 and close."""
+    reference = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)(*batch)
+    low = Distiller(
+        copy.deepcopy(student).bfloat16(), copy.deepcopy(teacher).bfloat16(), ObjectiveConfig(mse=1.0), 0.15
+    )
+    out = low(*batch)
+    for name, value in reference.items():
+        assert out[name].dtype == torch.float32
+        assert out[name].item() == pytest.approx(value.item(), rel=0.05, abs=1e-3), name
+    out["loss"].backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in low.student.parameters())

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForMaskedLM, BertForMaskedLM, RobertaForMaskedLM
+from transformers import AutoModelForMaskedLM, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
 from common.config import ConfigError
 from trainer.config import StudentConfig
@@ -146,3 +146,24 @@ def test_encoder_flops_formula_matches_counted_matmuls(teacher: BertForMaskedLM)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         teacher.base_model(input_ids=ids)
     assert counter.get_total_flops() == encoder_flops_per_token(teacher.config, 48) * ids.numel()
+
+
+def test_roberta_family_student_is_copied_exactly(tmp_path: Path) -> None:
+    """RoBERTa keeps its head in ``lm_head`` and offsets positions by the pad id: the copy still holds."""
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+    )
+    RobertaForMaskedLM(config).save_pretrained(tmp_path)
+    teacher = load_teacher(str(tmp_path), torch.float32)
+    student = build_student(StudentConfig(teacher_layers=[0, 1, 2, 3]), teacher).eval()
+    assert isinstance(student, RobertaForMaskedLM) and mlm_head(student) is student.lm_head
+    assert_same_parameters(mlm_head(student), mlm_head(teacher))
+    ids = torch.randint(3, 500, (2, 20), generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(student(input_ids=ids).logits, teacher(input_ids=ids).logits)
