@@ -9,7 +9,9 @@
    and Nx copies of the corpus, wall time of the whole command including start-up, and the peak
    RSS summed over the process tree (runner + Beam workers), sampled every 0.1 s.
 
-Both MB/s use the same numerator: the UTF-8 bytes of the documents' text per corpus copy.
+Both MB/s use the same numerator: the UTF-8 bytes of the documents' text per corpus copy. The
+bare tokenizer is timed right before and right after each pipeline run (the ratio uses their
+mean), so a change in machine load during the run shows up instead of skewing the ratio.
 """
 
 from __future__ import annotations
@@ -44,11 +46,7 @@ def load_texts(files: list[Path]) -> list[str]:
     return texts
 
 
-def bare_tokenizer_mb_s(tokenizer_name: str, texts: list[str], batch_chars: int) -> dict[str, float]:
-    from common.tokenizer import load_tokenizer
-    from preprocessing.packing import plain_tokenizer
-
-    core = plain_tokenizer(load_tokenizer(tokenizer_name))
+def make_batches(texts: list[str], batch_chars: int) -> list[list[str]]:
     batches, batch, size = [], [], 0
     for text in texts:
         batch.append(text)
@@ -56,8 +54,11 @@ def bare_tokenizer_mb_s(tokenizer_name: str, texts: list[str], batch_chars: int)
         if size >= batch_chars:
             batches.append(batch)
             batch, size = [], 0
-    batches.append(batch)
-    megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    return [*batches, batch] if batch else batches
+
+
+def bare_tokenizer_mb_s(core: object, batches: list[list[str]], megabytes: float) -> dict[str, float]:
+    """MB/s of ``encode_batch`` and ``encode_batch_fast`` over all batches (Rust threads on all cores)."""
     results = {}
     for name in ("encode_batch", "encode_batch_fast"):
         encode = getattr(core, name)
@@ -100,17 +101,18 @@ def main() -> None:
     parser.add_argument("--batch-chars", type=int, default=1_000_000)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from common.tokenizer import load_tokenizer
+    from preprocessing.packing import plain_tokenizer
+
     tokenizer = args.tokenizer or default_tokenizer()
+    core = plain_tokenizer(load_tokenizer(tokenizer))
     files = sorted(args.corpora.glob("*.jsonl.gz"))
     texts = load_texts(files)
     text_mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    batches = make_batches(texts, args.batch_chars)
     print(f"corpus: {len(files)} files, {len(texts):,} documents, {text_mb:.1f} MB of text; {os.cpu_count()} cores")
-    bare = bare_tokenizer_mb_s(tokenizer, texts, args.batch_chars)
-    del texts
-    print("bare tokenizer: " + ", ".join(f"{name} {mb_s:.2f} MB/s" for name, mb_s in bare.items()))
-    best = max(bare.values())
-    print("| copies | text MB | wall s | pipeline MB/s | ratio to best bare tokenizer | peak RSS MB (tree) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    header = "| copies | text MB | wall s | pipeline MB/s | bare tokenizer MB/s before / after | ratio | peak RSS MB |"
+    rows = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as tmp:
         for copies in args.copies:
             inputs = []
@@ -120,13 +122,21 @@ def main() -> None:
                     link.parent.mkdir(parents=True, exist_ok=True)
                     link.symlink_to(path.resolve())
                     inputs.append(str(link))
+            before = bare_tokenizer_mb_s(core, batches, text_mb)
+            print(f"bare tokenizer before {copies}x (load {os.getloadavg()[0]:.1f}):", before, flush=True)
             seconds, peak_mb, summary = run_pipeline(inputs, tokenizer, Path(tmp, f"out-{copies}"), args.workers)
-            mb = text_mb * copies
-            ratio = mb / seconds / best
-            print(f"| {copies}x | {mb:.1f} | {seconds:.1f} | {mb / seconds:.2f} | {ratio:.2f} | {peak_mb:.0f} |")
-            print("\n".join("    " + line for line in summary.strip().splitlines()), flush=True)
+            print(f"pipeline {copies}x (load {os.getloadavg()[0]:.1f}):\n{summary}", flush=True)
+            after = bare_tokenizer_mb_s(core, batches, text_mb)
+            print(f"bare tokenizer after {copies}x (load {os.getloadavg()[0]:.1f}):", after, flush=True)
+            bare = (max(before.values()) + max(after.values())) / 2
+            mb_s = text_mb * copies / seconds
+            rows.append(
+                f"| {copies}x | {text_mb * copies:.1f} | {seconds:.1f} | {mb_s:.2f} "
+                f"| {max(before.values()):.2f} / {max(after.values()):.2f} | {mb_s / bare:.2f} | {peak_mb:.0f} |"
+            )
             for link in Path(tmp, "corpus").iterdir():
                 link.unlink()
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

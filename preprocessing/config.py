@@ -14,6 +14,11 @@ from typing import Any, Literal
 
 from common.config import require
 
+# Beam's own worker chatter stays quiet; this package's per-file progress lines do not.
+LOGGING_DEFAULTS: dict[str, Any] = {
+    "default_sdk_harness_log_level": "WARNING",
+    "sdk_harness_log_level_overrides": {"preprocessing": "INFO"},
+}
 DIRECT_DEFAULTS: dict[str, Any] = {
     "runner": "DirectRunner",
     "direct_running_mode": "multi_processing",
@@ -73,8 +78,9 @@ class PreprocessConfig:
         require(bool(self.text_field), "text_field", "must not be empty")
 
     def beam_options(self) -> dict[str, Any]:
-        """The ``beam`` section, completed with the DirectRunner defaults when it runs locally."""
+        """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the
+        DirectRunner defaults."""
         runner = self.beam.get("runner", "DirectRunner")
         if runner in ("DirectRunner", "direct"):
-            return {**DIRECT_DEFAULTS, **self.beam}
-        return dict(self.beam)
+            return {**LOGGING_DEFAULTS, **DIRECT_DEFAULTS, **self.beam}
+        return {**LOGGING_DEFAULTS, **self.beam}

@@ -162,14 +162,16 @@ class TokenizeChunk(beam.DoFn):
         self.dtype = np.dtype(self.plan.dtype)
 
     def process(self, path: str) -> Iterator[Any]:
+        started = time.monotonic()
         texts = read_chunk(path)
         buckets: dict[int, list[bytes]] = {}
-        no_tokens = 0
+        no_tokens = tokens = 0
         for batch in batches(texts, self.cfg.tokenize_batch_chars):
             for text, ids in zip(batch, encode_batch(self.core, batch, self.dtype), strict=True):
                 if not len(ids):
                     no_tokens += 1
                     continue
+                tokens += len(ids)
                 digest = document_hash(text, self.cfg.seed)
                 record = digest + _LENGTH.pack(len(ids)) + ids.tobytes()
                 buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
@@ -182,6 +184,17 @@ class TokenizeChunk(beam.DoFn):
                 yield bucket, (spill, offset, offset + len(data))
                 offset += len(data)
         _count("documents.tokenized", len(texts) - no_tokens)
+        _count("tokens", tokens)
+        seconds = time.monotonic() - started
+        million_chars = sum(len(t) for t in texts) / 1e6
+        log.info(
+            "tokenized %d documents, %.1f M chars, %d tokens in %.1fs (%.2f M chars/s)",
+            len(texts),
+            million_chars,
+            tokens,
+            seconds,
+            million_chars / max(seconds, 1e-9),
+        )
         if no_tokens:
             yield beam.pvalue.TaggedOutput(COUNTS, ("documents.dropped.no_tokens", no_tokens))
 
@@ -390,7 +403,7 @@ def run(cfg: PreprocessConfig) -> dict[str, Any]:
         cfg.beam_options(),
     )
     started = time.monotonic()
-    with beam.Pipeline(options=PipelineOptions(**cfg.beam_options())) as pipeline:
+    with beam.Pipeline(options=PipelineOptions(flags=[], **cfg.beam_options())) as pipeline:
         build_pipeline(pipeline, cfg, plan)
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)
