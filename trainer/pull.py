@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -33,12 +34,15 @@ def pull(model_uri: str, dest: Path, tracking_uri: str) -> Path:
 
     if dest.exists() and any(dest.iterdir()):
         raise ConfigError(f"{dest}: destination exists and is not empty")
-    source = describe(model_uri, tracking_uri)
+    # Globally: MLflow resolves models:/ URIs with the global registry, whatever else it is passed.
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or tracking_uri)
+    source = describe(model_uri)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
         # Download the version the alias points at now, even if the alias moves meanwhile.
         exact = f"models:/{source['name']}/{source['version']}" if "version" in source else model_uri
-        local = Path(mlflow.artifacts.download_artifacts(exact, dst_path=tmp, tracking_uri=tracking_uri))
+        local = Path(mlflow.artifacts.download_artifacts(exact, dst_path=tmp))
         if not (local / "model" / "config.json").is_file():
             raise ConfigError(f"{model_uri}: not a student logged by `python -m trainer register` (no model/)")
         out = Path(tmp) / "hf"
@@ -53,7 +57,7 @@ def pull(model_uri: str, dest: Path, tracking_uri: str) -> Path:
     return dest
 
 
-def describe(model_uri: str, tracking_uri: str) -> dict[str, str]:
+def describe(model_uri: str) -> dict[str, str]:
     """Name, version and run behind a ``models:/`` URI (the alias resolved now)."""
     from mlflow import MlflowClient
 
@@ -62,7 +66,7 @@ def describe(model_uri: str, tracking_uri: str) -> dict[str, str]:
     if not match:
         return source
     name, alias, number = match.groups()
-    client = MlflowClient(tracking_uri)
+    client = MlflowClient()
     version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
     source.update(name=name, version=str(version.version), run_id=version.run_id or "")
     return source

@@ -122,13 +122,17 @@ def pip_requirements() -> list[str]:
     return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
 
 
-def register_command(student_dir: Path, *, name: str, alias: str | None, run_id: str | None, tracking_uri: str) -> str:
-    """The one command that registers ``student_dir`` later, as the end of training would have."""
-    args = ["python", "-m", "trainer", "register", str(student_dir), "--name", name]
+def register_command(
+    model_dir: Path, *, name: str, alias: str | None, run_id: str | None, tracking_uri: str, task: str = "fill-mask"
+) -> str:
+    """The one command that registers ``model_dir`` later, as the end of training would have."""
+    args = ["python", "-m", "trainer", "register", str(model_dir), "--name", name]
     if alias:
         args += ["--alias", alias]
     if run_id:
         args += ["--run-id", run_id]
+    if task != "fill-mask":
+        args += ["--task", task]
     args += ["--tracking-uri", tracking_uri]
     return shlex.join(args)
 

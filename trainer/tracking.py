@@ -15,6 +15,7 @@ adds its system metrics (``system/<node>/...``) to the same run, whose id rank 0
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import json
@@ -74,15 +75,16 @@ class Tracker:
     """
 
     def __init__(
-        self, cfg: MlflowConfig, *, spec: RunSpec | None, run_id: str | None = None, node: str | None = None
+        self, cfg: MlflowConfig, *, spec: RunSpec | None, run_id: str | None = None, task: str = "fill-mask"
     ) -> None:
         self.cfg = cfg
         self.spec = spec
         self.run_id = run_id
+        self.task = task  # the pipeline task the registered model serves
         self.tracking_uri = resolve_tracking_uri(cfg)
-        self.node = node or os.environ.get("MLFLOW_SYSTEM_METRICS_NODE_ID") or socket.gethostname()
+        self.node = os.environ.get("MLFLOW_SYSTEM_METRICS_NODE_ID") or socket.gethostname()
         self.last_step = 0
-        self.active = spec is not None or run_id is not None
+        self.active = cfg.enabled and (spec is not None or run_id is not None)
         if not self.active:
             return
         limit_http_retries(cfg)
@@ -103,6 +105,7 @@ class Tracker:
         self.deadline = float("inf")
         self.thread = threading.Thread(target=self.work, name="mlflow-tracker", daemon=True)
         self.thread.start()
+        atexit.register(self.close_at_exit)
 
     @classmethod
     def start(
@@ -113,15 +116,19 @@ class Tracker:
         world_size: int,
         resume_run_id: str | None,
         config_path: str | None = None,
+        deepspeed_config: dict[str, Any] | None = None,
     ) -> Tracker:
         """The tracker for a training process. Collective when torch.distributed is initialised:
-        every rank calls it (rank 0 shares the run id so other nodes can add system metrics)."""
+        every rank calls it (rank 0 shares the run id so other nodes can add system metrics).
+
+        ``resume_run_id`` (from the checkpoint) continues that run; ``config_path`` and the
+        effective ``deepspeed_config`` are logged as artifacts."""
         mlflow_cfg = cfg.mlflow
         if not mlflow_cfg.enabled:
             return cls(mlflow_cfg, spec=None)
         tracker = cls(mlflow_cfg, spec=None)
         if rank == 0:
-            spec = training_run_spec(cfg, config_path=config_path, world_size=world_size)
+            spec = training_run_spec(cfg, config_path, deepspeed_config or {}, world_size)
             tracker = cls(mlflow_cfg, spec=spec, run_id=resume_run_id)
             # Wait (bounded) for the run to exist, so that its id reaches the first checkpoint.
             if not tracker.first_attempt.wait(mlflow_cfg.start_timeout_s):
@@ -153,14 +160,27 @@ class Tracker:
     def finish(self, student_dir: Path | None, final_metrics: dict[str, float], *, status: str = "FINISHED") -> None:
         """Deliver what is queued (waiting at most ``finish_timeout_s``), close the run and, when
         ``mlflow.register_as`` is set, register ``student_dir`` as a new version of that model."""
-        if not self.active:
+        self.close(self.cfg.finish_timeout_s, final_metrics)
+        if student_dir is not None and self.spec is not None and self.cfg.register_as and status == "FINISHED":
+            self.register(Path(student_dir))
+        self.terminate(status)
+
+    def close_at_exit(self) -> None:
+        """The process is exiting without finish() (training raised): deliver briefly, mark the run FAILED."""
+        if self.active and not self.finishing.is_set():
+            self.close(min(self.cfg.finish_timeout_s, 10.0), {})
+            self.terminate("FAILED")
+
+    def close(self, timeout: float, final_metrics: dict[str, float]) -> None:
+        """Stop the background thread once what is queued is delivered, or after ``timeout`` seconds."""
+        if not self.active or self.finishing.is_set():
             return
         if final_metrics:
             self.log_metrics(final_metrics, self.last_step)
-        self.deadline = time.monotonic() + self.cfg.finish_timeout_s
+        self.deadline = time.monotonic() + timeout
         self.finishing.set()
         self.wakeup.set()
-        self.thread.join(self.cfg.finish_timeout_s + self.cfg.request_timeout_s)
+        self.thread.join(timeout + self.cfg.request_timeout_s)
         left = len(self.inbox) + len(self.pending) + len(self.system)
         if left or self.setup:
             what = f"{left} metric records" + (" and the run's setup" if self.setup else "")
@@ -169,17 +189,16 @@ class Tracker:
                 "training metrics",
                 what,
                 self.tracking_uri,
-                self.cfg.finish_timeout_s,
+                timeout,
             )
-        if self.spec is None:
+
+    def terminate(self, status: str) -> None:
+        if self.spec is None or self.run_id is None or self.setup:
             return
-        if student_dir is not None and self.cfg.register_as and status == "FINISHED":
-            self.register(Path(student_dir))
-        if self.run_id is not None and not self.setup:
-            try:
-                self.client.set_terminated(self.run_id, status)
-            except Exception as err:
-                log.warning("MLflow: could not mark run %s %s: %s", self.run_id, status, err)
+        try:
+            self.client.set_terminated(self.run_id, status)
+        except Exception as err:
+            log.warning("MLflow: could not mark run %s %s: %s", self.run_id, status, err)
 
     def register(self, student_dir: Path) -> None:
         """Register the exported student (retrying); on failure, say how to do it later."""
@@ -194,6 +213,7 @@ class Tracker:
                 alias=self.cfg.alias,
                 run_id=self.run_id,
                 tracking_uri=self.tracking_uri,
+                task=self.task,
                 attempts=self.cfg.register_attempts,
                 backoff_s=self.cfg.retry_initial_s,
             )
@@ -204,9 +224,10 @@ class Tracker:
                 alias=self.cfg.alias,
                 run_id=self.run_id,
                 tracking_uri=self.tracking_uri,
+                task=self.task,
             )
             log.error("MLflow: registering the student failed: %s", err)
-            print(f"The student stays in {student_dir}. Register it later with:\n  {command}", file=sys.stderr)
+            print(f"The model stays in {student_dir}. Register it later with:\n  {command}", file=sys.stderr)
 
     # ------------------------------------------------------------------------------ the background thread
     def work(self) -> None:
@@ -419,13 +440,13 @@ def broadcast_from_rank0(value: str | None, world_size: int) -> str | None:
 
 
 # --------------------------------------------------------------------------------- the training run's record
-def training_run_spec(cfg: TrainConfig, *, config_path: str | None, world_size: int) -> RunSpec:
+def training_run_spec(
+    cfg: TrainConfig, config_path: str | None, deepspeed_config: dict[str, Any], world_size: int
+) -> RunSpec:
     """Params (the resolved config, flattened), tags and artifacts of a distillation run."""
     manifest_path = Path(cfg.data) / "manifest.json"
     manifest = read_json(manifest_path)
-    ds_path = find_file(cfg.deepspeed.config)
-    ds_config = read_json(ds_path) if ds_path else {}
-    zero = ds_config.get("zero_optimization", {})
+    zero = deepspeed_config.get("zero_optimization", {})
     commit = git_commit()
     tags = {
         "teacher": cfg.teacher,
@@ -441,8 +462,6 @@ def training_run_spec(cfg: TrainConfig, *, config_path: str | None, world_size: 
     if commit:
         tags["mlflow.source.git.commit"] = commit
     files = [("config", path) for path in config_chain(Path(config_path))] if config_path else []
-    if ds_path:
-        files.append(("deepspeed", ds_path))
     if manifest:
         files.append(("dataset", manifest_path))
     params = {key: str(value) for key, value in flatten(to_dict(cfg)).items()}
@@ -453,7 +472,10 @@ def training_run_spec(cfg: TrainConfig, *, config_path: str | None, world_size: 
         params=params,
         tags=tags,
         files=files,
-        texts={"config/resolved.yaml": yaml.safe_dump(to_dict(cfg), sort_keys=False)},
+        texts={
+            "config/resolved.yaml": yaml.safe_dump(to_dict(cfg), sort_keys=False),
+            "deepspeed/ds_config.json": json.dumps(deepspeed_config, indent=2),
+        },
     )
 
 
@@ -473,14 +495,6 @@ def config_chain(path: Path) -> list[Path]:
             break
         path = (path.parent / base).resolve()
     return chain
-
-
-def find_file(path: str) -> Path | None:
-    """A path as given (relative to the working directory), else relative to the repository."""
-    for candidate in (Path(path), REPO / path):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def read_json(path: Path) -> dict[str, Any]:

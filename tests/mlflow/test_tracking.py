@@ -17,12 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, manifest: dict, **mlflow: object) -> tuple[Path, TrainConfig]:
-    """A config file with a ``base:`` parent, a DeepSpeed JSON and a dataset manifest on disk."""
+    """A config file with a ``base:`` parent and a dataset manifest on disk."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "manifest.json").write_text(json.dumps(manifest))
-    ds = tmp_path / "zero2.json"
-    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({"max_steps": 7, "logging": {"every_steps": 1}}))
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -32,7 +30,6 @@ def write_config(tmp_path: Path, manifest: dict, **mlflow: object) -> tuple[Path
                 "teacher": "some/teacher",
                 "data": str(data),
                 "output_dir": str(tmp_path / "out"),
-                "deepspeed": {"config": str(ds)},
                 "mlflow": mlflow,
             }
         )
@@ -40,6 +37,7 @@ def write_config(tmp_path: Path, manifest: dict, **mlflow: object) -> tuple[Path
     return config, load_config(TrainConfig, config)
 
 
+DS_CONFIG = {"zero_optimization": {"stage": 2}, "train_batch_size": 8}
 MANIFEST = {
     "format_version": 1,
     "tokenizer": {"name_or_path": "t", "vocab_size": 10, "special_token_ids": {}, "fingerprint": "abc"},
@@ -59,7 +57,9 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
         run_name="first",
         system_metrics_interval_s=0.2,
     )
-    tracker = Tracker.start(cfg, rank=0, world_size=2, resume_run_id=None, config_path=str(config_path))
+    tracker = Tracker.start(
+        cfg, rank=0, world_size=2, resume_run_id=None, config_path=str(config_path), deepspeed_config=DS_CONFIG
+    )
     assert tracker.run_id is not None  # created during start: the first checkpoint can store it
     for step in range(1, 6):
         tracker.log_metrics({"loss": 10.0 / step, "lr": 1e-4 * step}, step)
@@ -92,11 +92,13 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
         "config/run.yaml",
         "config/base.yaml",
         "config/resolved.yaml",
-        "deepspeed/zero2.json",
+        "deepspeed/ds_config.json",
         "dataset/manifest.json",
     }
     resolved = Path(client.download_artifacts(tracker.run_id, "config/resolved.yaml", str(tmp_path)))
     assert yaml.safe_load(resolved.read_text()) == to_dict(cfg)
+    ds_config = Path(client.download_artifacts(tracker.run_id, "deepspeed/ds_config.json", str(tmp_path)))
+    assert json.loads(ds_config.read_text()) == DS_CONFIG
 
     # A relaunch that resumes from a checkpoint appends to the same run, even with a changed max_steps.
     cfg.max_steps = 9

@@ -1,0 +1,310 @@
+"""``python -m trainer finetune [CONFIG.yaml] model=... data=... output_dir=... [key=value ...]``.
+
+What a downstream team does with a registered student: pull it (``model=models:/NAME@ALIAS``,
+``models:/NAME/VERSION``, or a local Hugging Face directory), fine-tune it for text
+classification, and read its accuracy on a validation split. The data is a CSV or JSONL file
+with ``text`` and ``label`` columns (names configurable), or a ``datasets`` dataset saved with
+``save_to_disk``; the validation split is ``validation=PATH``, else the dataset's own
+``validation`` split, else a held-out ``valid_fraction`` chosen by ``seed``. A plain torch loop
+that runs on a laptop CPU, deterministic for a seed. Logged to MLflow like training (experiment
+``finetune``); ``mlflow.register_as`` registers the classifier too.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from common.cli import split_config_args
+from common.config import ConfigError, flatten, load_config, require, to_dict
+from trainer.config import MlflowConfig
+from trainer.schedule import build_scheduler
+from trainer.tracking import RunSpec, Tracker
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("validation", "valid", "test")  # a saved DatasetDict's validation split, first found
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    model: str  # models:/NAME@ALIAS, models:/NAME/VERSION, or a local Hugging Face directory
+    data: str  # CSV, JSONL, or a `datasets` dataset directory (save_to_disk)
+    output_dir: str
+    validation: str | None = None  # a separate validation file or dataset directory
+    valid_fraction: float = 0.2  # held out from `data` when there is no validation split
+    text_column: str = "text"
+    label_column: str = "label"
+    max_seq_len: int = 128
+    epochs: int = 3
+    batch_size: int = 16
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    grad_clip: float = 1.0
+    log_every_steps: int = 10
+    seed: int = 0
+    mlflow: MlflowConfig = field(default_factory=lambda: MlflowConfig(experiment="finetune"))
+
+    def validate(self) -> None:
+        require(0 < self.valid_fraction < 1, "valid_fraction", "must be in (0, 1)")
+        for key in ("max_seq_len", "epochs", "batch_size", "log_every_steps"):
+            require(getattr(self, key) >= 1, key, "must be >= 1")
+        require(self.lr > 0, "lr", "must be > 0")
+        require(0 <= self.warmup_fraction < 1, "warmup_fraction", "must be in [0, 1)")
+
+
+@dataclasses.dataclass
+class Split:
+    texts: list[str]
+    labels: list[Any]
+
+    def subset(self, indices: list[int]) -> Split:
+        return Split([self.texts[i] for i in indices], [self.labels[i] for i in indices])
+
+
+def main(argv: list[str]) -> int:
+    path, overrides = split_config_args(argv)
+    cfg = load_config(FinetuneConfig, path, overrides)
+    result = finetune(cfg, config_path=path)
+    print(f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
+    return 0
+
+
+def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` on ``cfg.data``; returns the validation metrics (also in metrics.json)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    train, valid = load_splits(cfg)  # bad data fails here, before a model is downloaded
+    names, label_ids = label_mapping(train, valid, cfg)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".base.") as tmp:
+        model_dir, source = resolve_model(cfg, Path(tmp) / "model")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_ids
+        )
+    tracker = Tracker(cfg.mlflow, spec=run_spec(cfg, config_path, source, names), task="text-classification")
+    train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
+    valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
+    log.info("fine-tuning %s on %d examples, validating on %d", cfg.model, len(train.texts), len(valid.texts))
+
+    steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
+    total_steps = cfg.epochs * steps_per_epoch
+    decay = [p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n]
+    rest = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}], lr=cfg.lr
+    )
+    scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_fraction)
+    order = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+    result: dict[str, Any] = {}
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        for indices in torch.randperm(len(train_set), generator=order).split(cfg.batch_size):
+            batch = collate(tokenizer, [train_set[i] for i in indices])
+            loss = model(**batch).loss
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % cfg.log_every_steps == 0 or step == total_steps:
+                metrics = {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0], "train/epoch": epoch}
+                tracker.log_metrics(metrics, step)
+                log.info("step %d/%d | loss %.4f", step, total_steps, metrics["train/loss"])
+        result = evaluate(model, tokenizer, valid_set, cfg.batch_size)
+        tracker.log_metrics({"eval/accuracy": result["accuracy"], "eval/loss": result["loss"]}, step)
+        log.info("epoch %d | validation accuracy %.4f | loss %.4f", epoch, result["accuracy"], result["loss"])
+
+    model_out = save_model(model, tokenizer, output_dir / "model")
+    result.update(steps=step, labels=names, model=str(model_out), source=source)
+    write_json(output_dir / "metrics.json", result)
+    tracker.finish(model_out, {"eval/accuracy": result["accuracy"]})
+    return result
+
+
+# -------------------------------------------------------------------------------------------------- data
+def load_splits(cfg: FinetuneConfig) -> tuple[Split, Split]:
+    """The train and validation splits (see the module docstring for which validation split)."""
+    splits = read_dataset(Path(cfg.data), cfg)
+    train = splits.pop("train", None) or next(iter(splits.values()))
+    if cfg.validation is not None:
+        valid = next(iter(read_dataset(Path(cfg.validation), cfg).values()))
+    elif any(name in splits for name in SPLIT_NAMES):
+        valid = next(splits[name] for name in SPLIT_NAMES if name in splits)
+    else:
+        train, valid = hold_out(train, cfg.valid_fraction, cfg.seed)
+    require(len(train.texts) > 0, "data", f"{cfg.data}: no training examples")
+    require(len(valid.texts) > 0, "validation", f"{cfg.validation or cfg.data}: no validation examples")
+    return train, valid
+
+
+def read_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
+    """``{split name: Split}`` from a CSV or JSONL file (one split, "train") or a saved dataset."""
+    if path.is_dir():
+        return read_saved_dataset(path, cfg)
+    if not path.is_file():
+        raise ConfigError(f"data: {path} does not exist")
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = [(f"{path}:{i}", row) for i, row in enumerate(csv.DictReader(f), start=2)]
+    elif path.suffix in (".jsonl", ".json"):
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((f"{path}:{i}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"data: {path}:{i} is not JSON: {err}") from None
+    else:
+        raise ConfigError(f"data: {path} must be .csv, .jsonl or a `datasets` directory (save_to_disk)")
+    return {"train": to_split(rows, cfg, str(path))}
+
+
+def read_saved_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise ConfigError(f"data: {path} is not a dataset saved with save_to_disk: {err}") from None
+    parts = loaded if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+    return {
+        name: to_split(((f"{path}[{name}][{i}]", row) for i, row in enumerate(part)), cfg, f"{path}[{name}]")
+        for name, part in parts.items()
+    }
+
+
+def to_split(rows: Any, cfg: FinetuneConfig, source: str) -> Split:
+    """Texts and labels; a missing column is an error, an empty text a counted, reported skip."""
+    texts, labels, empty = [], [], 0
+    for where, row in rows:
+        for column in (cfg.text_column, cfg.label_column):
+            if not isinstance(row, dict) or column not in row:
+                raise ConfigError(f"data: {where} has no column {column!r} (set text_column / label_column)")
+        text, label = row[cfg.text_column], row[cfg.label_column]
+        if label is None or label == "":
+            raise ConfigError(f"data: {where} has an empty {cfg.label_column!r}")
+        if not isinstance(text, str) or not text.strip():
+            empty += 1
+            continue
+        texts.append(text)
+        labels.append(label)
+    if empty:
+        log.warning("%s: skipped %d rows with an empty %r", source, empty, cfg.text_column)
+    return Split(texts, labels)
+
+
+def hold_out(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """A seeded shuffle, the last ``fraction`` held out for validation."""
+    order = list(range(len(split.texts)))
+    random.Random(seed).shuffle(order)
+    cut = len(order) - max(1, round(len(order) * fraction))
+    return split.subset(order[:cut]), split.subset(order[cut:])
+
+
+def label_mapping(train: Split, valid: Split, cfg: FinetuneConfig) -> tuple[list[str], dict[str, int]]:
+    """Label names and ids: integer labels 0..N-1 keep their ids, other labels are sorted."""
+    values = sorted(set(train.labels), key=str)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        require(values == list(range(len(values))), "label_column", f"integer labels must be 0..N-1, got {values}")
+    names = [str(v) for v in values]
+    unknown = sorted({str(v) for v in valid.labels} - set(names))
+    require(not unknown, "validation", f"labels {unknown} do not occur in the training data")
+    require(len(names) >= 2, "label_column", f"needs at least two labels in {cfg.data}, got {names}")
+    return names, {name: i for i, name in enumerate(names)}
+
+
+def encode(tokenizer: Any, split: Split, label_ids: dict[str, int], max_seq_len: int) -> list[dict[str, Any]]:
+    encoded = tokenizer(split.texts, truncation=True, max_length=max_seq_len)
+    return [
+        {"input_ids": ids, "attention_mask": mask, "labels": label_ids[str(label)]}
+        for ids, mask, label in zip(encoded["input_ids"], encoded["attention_mask"], split.labels, strict=True)
+    ]
+
+
+def collate(tokenizer: Any, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Pad to the longest example of the batch."""
+    return tokenizer.pad(examples, return_tensors="pt")
+
+
+# ------------------------------------------------------------------------------------------------- model
+def resolve_model(cfg: FinetuneConfig, scratch: Path) -> tuple[Path, dict[str, str]]:
+    """A local directory as is; an MLflow model URI (``models:/...``, ``runs:/...``) pulled into ``scratch``."""
+    path = Path(cfg.model)
+    if path.is_dir() or ":/" not in cfg.model:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model: {path} is not a Hugging Face model directory (no config.json)")
+        return path, {"model_uri": str(path)}
+    from trainer.pull import SOURCE_FILE, pull
+    from trainer.tracking import resolve_tracking_uri
+
+    pull(cfg.model, scratch, resolve_tracking_uri(cfg.mlflow))
+    return scratch, json.loads((scratch / SOURCE_FILE).read_text(encoding="utf-8"))
+
+
+@torch.no_grad()
+def evaluate(model: Any, tokenizer: Any, examples: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(examples), batch_size):
+        batch = collate(tokenizer, examples[start : start + batch_size])
+        out = model(**batch)
+        correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        loss_sum += float(out.loss) * len(batch["labels"])
+    return {
+        "accuracy": correct / len(examples),
+        "correct": correct,
+        "total": len(examples),
+        "loss": loss_sum / len(examples),
+    }
+
+
+def save_model(model: Any, tokenizer: Any, dest: Path) -> Path:
+    """Model and tokenizer, written to a temp directory and renamed into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_spec(cfg: FinetuneConfig, config_path: str | None, source: dict[str, str], labels: list[str]) -> RunSpec:
+    tags = {"source_model": source.get("model_uri", cfg.model), "data": cfg.data, "labels": ",".join(labels)}
+    tags.update({f"source_{key}": value for key, value in source.items() if key != "model_uri"})
+    return RunSpec(
+        experiment=cfg.mlflow.experiment,
+        run_name=cfg.mlflow.run_name,
+        params={key: str(value) for key, value in flatten(to_dict(cfg)).items()},
+        tags=tags,
+        files=[("config", Path(config_path))] if config_path else [],
+        texts={"config/resolved.yaml": yaml.safe_dump(to_dict(cfg), sort_keys=False)},
+    )
