@@ -42,7 +42,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common.config import to_dict
 from preprocessing.cleaning import clean_text
 from preprocessing.config import PreprocessConfig
-from preprocessing.manifest import MANIFEST, SPLITS, TOKEN_COUNTS, build_manifest, read_manifest, write_manifest
+from preprocessing.manifest import (
+    MANIFEST,
+    SPLITS,
+    TOKEN_COUNTS,
+    build_manifest,
+    read_manifest,
+    summary_table,
+    write_manifest,
+)
 from preprocessing.packing import (
     HASH_BYTES,
     ShardTask,
@@ -390,8 +398,6 @@ def clear_previous(output: str) -> None:
 
 def run(cfg: PreprocessConfig) -> dict[str, Any]:
     """Validate, run the pipeline to completion, print the summary; returns the manifest."""
-    from preprocessing.manifest import summary_table
-
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     plan = preflight(cfg)
     clear_previous(plan.output)

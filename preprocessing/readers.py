@@ -69,7 +69,10 @@ def read_documents(path: str, opts: ReadOptions, counts: Counter) -> Iterator[st
     """Yield the raw text of every readable document in ``path``; count everything else."""
     fmt, compression = detect_format(path)
     counts["files.read"] += 1
-    with open_decompressed(path, compression) as stream:
+    with (
+        FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw,
+        decompressed(raw, compression) as stream,
+    ):
         if fmt == "parquet":
             yield from _read_parquet(stream, compression, opts, counts)
             return
@@ -86,12 +89,13 @@ def read_documents(path: str, opts: ReadOptions, counts: Counter) -> Iterator[st
             records = _jsonl_records(lines, opts, counts) if fmt == "jsonl" else _txt_records(lines, opts, counts)
             yield from records
         except _STREAM_ERRORS:
+            if compression is None:
+                raise  # an I/O error on a plain file: let the runner fail or retry the work item
             # A truncated or corrupt compressed file: everything before the damage was kept.
             counts["files.truncated"] += 1
 
 
-def open_decompressed(path: str, compression: str | None) -> IO[bytes]:
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+def decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
     if compression == "gz":
         return gzip.GzipFile(fileobj=raw)
     if compression == "bz2":
