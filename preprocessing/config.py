@@ -52,7 +52,7 @@ class PreprocessConfig:
     """Documents are tokenized in batches of about this many characters."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Cleaned text per tokenization work item: the unit the runner balances over workers."""
-    bucket_input_bytes: int = 64 * 1024 * 1024
+    bucket_input_bytes: int = 16 * 1024 * 1024
     """Input bytes per hash bucket: bounds the memory one worker needs to sort a bucket."""
     beam: dict[str, Any] = field(default_factory=dict)
     """Beam pipeline options, passed through unchanged (runner, direct_num_workers, project, ...)."""
