@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,9 @@ def init_distributed() -> Distributed:
 
     Started without a launcher (``bash launch/run.sh``), the process is a world of one.
     """
-    single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     if "RANK" not in os.environ:
-        for key, value in single.items():
+        single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        for key, value in {**single, "MASTER_PORT": str(free_port())}.items():
             os.environ.setdefault(key, value)
     accelerator = get_accelerator()
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -67,6 +68,12 @@ def init_distributed() -> Distributed:
     deepspeed.init_distributed(dist_backend="gloo" if on_cpu else accelerator.communication_backend_name())
     device = torch.device("cpu") if on_cpu else torch.device(accelerator.device_name(local_rank))
     return Distributed(int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"]), device)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def resolve_path(path: str) -> Path:

@@ -110,18 +110,15 @@ def train(cfg: TrainConfig) -> Path:
         lr = engine.get_lr()[0]
         for micro in range(accumulation):
             batch = next(loader)["input_ids"]
-            attention_mask = padding_mask(batch, dataset.pad_id)
+            host_mask = padding_mask(batch, dataset.pad_id)
             input_ids = batch.to(world.device, non_blocking=True)
-            if attention_mask is not None:
-                attention_mask = attention_mask.to(world.device, non_blocking=True)
+            attention_mask = None if host_mask is None else host_mask.to(world.device, non_blocking=True)
             generator = seeded_generator(cfg.seed, step, world.rank, micro, device=world.device)
             masked_ids, labels = masker(input_ids, attention_mask, generator)
             out = engine(masked_ids, attention_mask, labels)
             engine.backward(out["loss"])
             engine.step()
-            meter.add_micro(
-                out, tokens=batch.numel() if attention_mask is None else int(batch.ne(dataset.pad_id).sum())
-            )
+            meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
         step += 1
         meter.end_step(step, lr, engine.get_global_grad_norm())
 

@@ -1,0 +1,213 @@
+"""The real launcher end to end: ``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...``.
+
+Two CPU ranks over gloo (DS_ACCELERATOR=cpu), a tiny BERT teacher and the real preprocessing
+output. One uninterrupted ZeRO-2 run is the reference for everything else: a ZeRO-3 run, and a
+run whose rank 1 is SIGKILLed mid-way and then relaunched, which must continue from its last
+checkpoint and reproduce the reference's losses exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainer.export import load_student
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEEPSPEED = Path(sys.executable).parent / "deepspeed"
+MAX_STEPS = 20
+TEST_SETTINGS = [
+    f"max_steps={MAX_STEPS}",
+    "checkpoint.every_steps=5",
+    "checkpoint.keep_last=2",
+    "eval.every_steps=10",
+    "logging.every_steps=1",
+]
+LOSS_KEYS = ("train/loss", "train/ce", "train/mlm", "train/cos")
+RUN_TIMEOUT = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
+    cmd = [str(DEEPSPEED), "--master_port", str(free_port()), "--num_gpus", "2", "launch/run.sh"]
+    cmd += ["configs/tiny-cpu.yaml", f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}"]
+    cmd += [*TEST_SETTINGS, *overrides]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log = (output_dir.parent / f"{output_dir.name}.log").open("a")
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, output_dir: Path) -> None:
+    rc = proc.wait(timeout=RUN_TIMEOUT)
+    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
+    assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
+
+
+def run(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> Path:
+    finish(start(teacher, data, output_dir, *overrides), output_dir)
+    return output_dir
+
+
+def records(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def train_losses(output_dir: Path) -> dict[int, dict[str, float]]:
+    return {r["step"]: {k: r[k] for k in LOSS_KEYS} for r in records(output_dir) if "train/loss" in r}
+
+
+def latest_step(output_dir: Path) -> int | None:
+    latest = output_dir / "checkpoints" / "latest"
+    return int(latest.read_text().strip().split("-")[1]) if latest.exists() else None
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
+    return run(tiny_teacher_dir, tiny_dataset_dir, tmp_path_factory.mktemp("zero2") / "run")
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("zero3") / "run"
+    return run(tiny_teacher_dir, tiny_dataset_dir, out, "deepspeed.config=configs/deepspeed/zero3.json")
+
+
+def check_finished_run(output_dir: Path) -> None:
+    losses = train_losses(output_dir)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    assert all(math.isfinite(v) for step in losses.values() for v in step.values())
+    first = sum(losses[s]["train/loss"] for s in range(1, 6)) / 5
+    last = sum(losses[s]["train/loss"] for s in range(MAX_STEPS - 4, MAX_STEPS + 1)) / 5
+    assert last < first - 0.1, f"loss did not fall: first steps {first:.4f}, last steps {last:.4f}"
+
+    train = [r for r in records(output_dir) if "train/loss" in r]
+    assert train[-1]["train/samples"] == MAX_STEPS * 8
+    lrs = [r["train/lr"] for r in train]  # 1 warmup step (5% of 20) at the peak, then linear decay
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-3 / 19)
+    assert all(a > b for a, b in itertools.pairwise(lrs[1:]))
+    assert all(r["train/tokens_per_s"] > 0 and r["train/grad_norm"] > 0 for r in train)
+    evals = [r for r in records(output_dir) if "eval/student_mlm_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert "eval/teacher_mlm_loss" in evals[0] and "eval/top1_agreement" in evals[1]
+    assert 0 <= evals[1]["eval/student_mlm_accuracy"] <= 1
+
+    # keep_last=2 of the checkpoints at steps 5, 10, 15, 20
+    checkpoints = sorted(p.name for p in (output_dir / "checkpoints").iterdir() if p.is_dir())
+    assert checkpoints == ["step-00000015", "step-00000020"]
+    assert latest_step(output_dir) == MAX_STEPS
+
+
+def check_student(student_dir: Path) -> None:
+    from transformers import AutoModelForMaskedLM, pipeline
+
+    assert (student_dir / "model.safetensors").is_file() and (student_dir / "tokenizer.json").is_file()
+    model = AutoModelForMaskedLM.from_pretrained(student_dir)
+    assert model.config.num_hidden_layers == 2  # every other layer of the 4-layer teacher
+    fill = pipeline("fill-mask", model=str(student_dir))
+    predictions = fill("The [MASK] module provides regular expression matching.")
+    assert len(predictions) == 5 and all(0 <= p["score"] <= 1 for p in predictions)
+
+
+def test_zero2_run_trains_checkpoints_and_exports(reference_run: Path) -> None:
+    check_finished_run(reference_run)
+    check_student(reference_run / "student")
+
+
+def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run: Path) -> None:
+    check_finished_run(zero3_run)
+    check_student(zero3_run / "student")
+    zero2, zero3 = train_losses(reference_run), train_losses(zero3_run)
+    for step in zero2:
+        assert zero3[step]["train/loss"] == pytest.approx(zero2[step]["train/loss"], rel=1e-4)
+
+
+def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "exported"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "export", str(zero3_run), str(dest)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_student(dest)
+    # The latest checkpoint's partitions consolidate to exactly the weights the run exported...
+    final, exported = load_file(zero3_run / "student" / "model.safetensors"), load_file(dest / "model.safetensors")
+    assert final.keys() == exported.keys()
+    assert all(torch.equal(final[k], exported[k]) for k in final)
+    # ... and an earlier checkpoint to the earlier weights.
+    earlier, _ = load_student(zero3_run / "checkpoints" / "step-00000015")
+    assert any(not torch.equal(final[k], v) for k, v in earlier.state_dict().items() if k in final)
+
+
+def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
+) -> None:
+    out = tmp_path / "run"
+    proc = start(tiny_teacher_dir, tiny_dataset_dir, out)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:  # wait for a checkpoint and two more steps, then SIGKILL rank 1
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        saved = latest_step(out)
+        if saved is not None and max(train_losses(out), default=0) >= saved + 2:
+            break
+        time.sleep(0.1)
+    ranks = [  # rank 1 itself, not its dataloader worker (a fork with the same command line)
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "--local_rank=1" in p.cmdline() and "deepspeed.launcher.launch" in " ".join(p.parent().cmdline())
+    ]
+    assert len(ranks) == 1
+    os.kill(ranks[0].pid, signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    resumed_from = latest_step(out)
+    logged_before_kill = max(train_losses(out))
+    assert resumed_from < logged_before_kill < MAX_STEPS
+
+    finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert f"resumed from step {resumed_from}" in log
+    # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
+    assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
+
+
+@pytest.mark.parametrize("how", ["bash", "deepspeed-style python"])
+def test_run_sh_is_both_a_bash_and_a_python_script(how: str) -> None:
+    """bash re-executes it with Python; the launcher's ``python -u run.sh --local_rank=N`` runs it directly.
+    Either way the arguments reach the trainer's config validation intact."""
+    args = ["configs/tiny-cpu.yaml", "max_steps=0"]
+    cmd = (
+        ["bash", "launch/run.sh", *args]
+        if how == "bash"
+        else [sys.executable, "-u", "launch/run.sh", "--local_rank=1", *args]
+    )
+    env = {**os.environ, "PYTHON": sys.executable, "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "error: max_steps: must be >= 1" in proc.stderr
