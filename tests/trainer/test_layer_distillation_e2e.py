@@ -54,7 +54,7 @@ SETTINGS = [
     "objective.tinybert.attention=1",
     "objective.pkd.weight=10",
     "objective.minilm.attention=1",
-    "objective.minilm.value=1",
+    "objective.minilm.value=3",
     "objective.minilm.relation_heads=6",
 ]
 
