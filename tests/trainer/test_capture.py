@@ -83,3 +83,75 @@ def test_capture_rejects_missing_layers_and_non_bert_models():
         pass
     with pytest.raises(TypeError, match="BERT-style encoder"), capture(nn.Linear(2, 2), CaptureSpec()):
         pass
+
+
+def test_distiller_layer_terms_equal_a_direct_computation():
+    """The Distiller's layer terms, recomputed from ``output_hidden_states`` and the layers' own Q/K/V linears."""
+    from common.config import load_config
+    from trainer.config import ObjectiveConfig, StudentConfig
+    from trainer.distiller import Distiller
+    from trainer.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl
+    from trainer.modeling import build_student
+
+    teacher = build(BertForMaskedLM, BertConfig)
+    settings = ["ce=1", "mlm=1", "cos=0", "tinybert.embedding=1", "tinybert.hidden=2", "tinybert.attention=3"]
+    settings += [
+        "pkd.weight=10",
+        "pkd.strategy=last",
+        "minilm.attention=1",
+        "minilm.value=1",
+        "minilm.relation_heads=2",
+    ]
+    objective = load_config(ObjectiveConfig, None, settings)
+    student = build_student(
+        StudentConfig(init="random", num_layers=2, hidden_size=16, num_attention_heads=4, intermediate_size=32), teacher
+    ).eval()
+    distiller = Distiller(student, teacher, objective, mask_probability=0.15)
+    ids, mask = batch()
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    out = distiller(ids, mask, labels)
+
+    s_states = student(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    t_states = teacher(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+
+    def projection(model, states, layer, name):  # the layer's own linear applied to its input
+        return getattr(encoder_parts(model)[1][layer].attention.self, name)(states[layer])
+
+    layers = distiller.layer_distillation
+    w_e, w_h = layers.embedding_projection, layers.hidden_projection
+    expected = {
+        "tinybert_embedding": hidden_mse(w_e(s_states[0]), t_states[0], mask),
+        "tinybert_hidden": hidden_mse(w_h(s_states[1]), t_states[2], mask)
+        + hidden_mse(w_h(s_states[2]), t_states[4], mask),
+        "tinybert_attention": sum(
+            attention_score_mse(
+                scaled_relation(projection(student, s_states, i, "query"), projection(student, s_states, i, "key"), 4),
+                scaled_relation(projection(teacher, t_states, j, "query"), projection(teacher, t_states, j, "key"), 4),
+                mask,
+            )
+            for i, j in [(0, 1), (1, 3)]
+        ),
+        "pkd": pkd_patient_loss(w_h(s_states[1][:, :1]), t_states[3][:, :1]),  # PKD-Last 4 -> 2: teacher layer 2
+        "minilm_attention": relation_kl(
+            scaled_relation(projection(student, s_states, 1, "query"), projection(student, s_states, 1, "key"), 2),
+            scaled_relation(projection(teacher, t_states, 3, "query"), projection(teacher, t_states, 3, "key"), 2),
+            mask,
+        ),
+        "minilm_value": relation_kl(
+            scaled_relation(projection(student, s_states, 1, "value"), projection(student, s_states, 1, "value"), 2),
+            scaled_relation(projection(teacher, t_states, 3, "value"), projection(teacher, t_states, 3, "value"), 2),
+            mask,
+        ),
+    }
+    for name, value in expected.items():
+        torch.testing.assert_close(out[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    weights = {"ce": 1, "mlm": 1, "tinybert_embedding": 1, "tinybert_hidden": 2, "tinybert_attention": 3}
+    weights |= {"pkd": 10, "minilm_attention": 1, "minilm_value": 1}
+    assert set(out) == {"loss", *weights}
+    torch.testing.assert_close(out["loss"], sum(w * out[name] for name, w in weights.items()))
+
+    out["loss"].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layers.parameters())
+    assert all(p.grad is None for p in teacher.parameters())
+    assert not any("projection" in key for key in distiller.student_model().state_dict())
