@@ -8,6 +8,10 @@ shapes but no storage, so a 1B-parameter teacher costs nothing.
 
 The sequence length comes from the dataset manifest when ``data`` already exists, else from
 ``--seq-len``, else the teacher's maximum (at most 512).
+
+``teacher_params`` and ``student_params`` count the encoder (embeddings + transformer layers; no
+MLM head, no pooler), the convention of the published sizes (BERT-base 110M, DistilBERT 66M);
+``teacher.params`` / ``student.params`` break them down and give the ``total`` with the heads.
 """
 
 from __future__ import annotations
