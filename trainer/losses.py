@@ -16,9 +16,11 @@ import torch.nn.functional as F
 
 
 def masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the valid positions (0 if there are none)."""
-    valid = valid.to(values.dtype)
-    return (values * valid).sum() / valid.sum().clamp_min(1.0)
+    """Mean of ``values`` over the valid positions (0 if there are none).
+
+    ``where`` rather than a multiplication, so that whatever an invalid slot holds (even inf) stays out.
+    """
+    return torch.where(valid, values, 0.0).sum() / valid.sum().clamp_min(1)
 
 
 def kl_distillation_loss(

@@ -83,6 +83,8 @@ def test_invalid_positions_never_count(loss) -> None:
     changed_s[1, 2], changed_t[1, 2] = torch.arange(5.0), -torch.arange(5.0)
     assert loss(changed_s, changed_t, VALID).item() == pytest.approx(loss(STUDENT, TEACHER, VALID).item(), rel=1e-6)
     assert loss(STUDENT, TEACHER, torch.zeros_like(VALID)).item() == 0.0
+    changed_s[1, 2] = float("inf")  # not even an overflow there leaks into the mean
+    assert loss(changed_s, changed_t, VALID).item() == pytest.approx(loss(STUDENT, TEACHER, VALID).item(), rel=1e-6)
 
 
 def test_bf16_inputs_are_computed_in_float32() -> None:
