@@ -221,7 +221,7 @@ class MlflowConfig:
     ``retry_max_s``); ``finish_timeout_s`` bounds how long the end of training waits for them.
     """
 
-    enabled: bool = True
+    enabled: bool = True  # false: no run in the default store (naming a tracking_uri or register_as tracks anyway)
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     experiment: str = "distillation"
     run_name: str | None = None
@@ -235,6 +235,12 @@ class MlflowConfig:
     retry_initial_s: float = 1.0
     retry_max_s: float = 30.0
     register_attempts: int = 3
+
+    @property
+    def tracks(self) -> bool:
+        """Whether runs are tracked: a server or a model to register named explicitly wins over enabled=false
+        (so ``mlflow.tracking_uri=URI`` works as written on a preset that disables the default store)."""
+        return self.enabled or self.tracking_uri is not None or self.register_as is not None
 
     def validate(self) -> None:
         require(bool(self.experiment), "mlflow.experiment", "must not be empty")

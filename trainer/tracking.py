@@ -84,7 +84,7 @@ class Tracker:
         self.tracking_uri = resolve_tracking_uri(cfg)
         self.node = os.environ.get("MLFLOW_SYSTEM_METRICS_NODE_ID") or socket.gethostname()
         self.last_step = 0
-        self.active = cfg.enabled and (spec is not None or run_id is not None)
+        self.active = cfg.tracks and (spec is not None or run_id is not None)
         if not self.active:
             return
         limit_http_retries(cfg)
@@ -124,7 +124,7 @@ class Tracker:
         ``resume_run_id`` (from the checkpoint) continues that run; ``config_path`` and the
         effective ``deepspeed_config`` are logged as artifacts."""
         mlflow_cfg = cfg.mlflow
-        if not mlflow_cfg.enabled:
+        if not mlflow_cfg.tracks:
             return cls(mlflow_cfg, spec=None)
         tracker = cls(mlflow_cfg, spec=None)
         if rank == 0:

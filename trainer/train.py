@@ -35,6 +35,7 @@ from trainer.export import export
 from trainer.masking import DynamicMasker, load_token_counts, seeded_generator
 from trainer.metrics import MetricsLog, StepMeter
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
+from trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ def main(argv: list[str]) -> int:
     path, overrides = split_config_args(argv)
     if path is None:
         raise ConfigError("usage: python -m trainer train CONFIG.yaml [key=value ...] (the config file is required)")
-    train(load_config(TrainConfig, path, overrides))
+    train(load_config(TrainConfig, path, overrides), config_path=path)
     return 0
 
 
-def train(cfg: TrainConfig) -> Path:
+def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     """Run (or resume) the distillation ``cfg`` describes; returns the exported student's directory."""
     # Cheap checks first: a bad config or dataset fails in seconds, before any weight is loaded.
     world = init_distributed()
@@ -87,7 +88,15 @@ def train(cfg: TrainConfig) -> Path:
     step = int(resumed.get("step", 0))
     if resumed and world.is_main:
         log.info("resumed from step %d in %s", step, checkpoints.root)
-    mlflow_run_id = resumed.get("mlflow_run_id")
+    # Rank 0 tracks the run in MLflow (a resumed run continues its MLflow run); never blocks a step.
+    tracker = Tracker.start(
+        cfg,
+        rank=world.rank,
+        world_size=world.world_size,
+        resume_run_id=resumed.get("mlflow_run_id"),
+        config_path=config_path,
+        deepspeed_config=ds_config,
+    )
 
     loader = TrainLoader(
         dataset,
@@ -125,13 +134,16 @@ def train(cfg: TrainConfig) -> Path:
         if step % cfg.logging.every_steps == 0 or step == cfg.max_steps:
             for logged_step, metrics in meter.flush():
                 metrics_log.write(logged_step, metrics)
+                tracker.log_metrics(metrics, logged_step)
         if step % cfg.eval.every_steps == 0 or step == cfg.max_steps:
-            metrics_log.write(step, evaluation.run(engine.module))
+            metrics = evaluation.run(engine.module)
+            metrics_log.write(step, metrics)
+            tracker.log_metrics(metrics, step)
         if checkpoints.due(step, cfg.max_steps):
             client_state = {
                 "step": step,
                 "data": loader.state(),
-                "mlflow_run_id": mlflow_run_id,
+                "mlflow_run_id": tracker.run_id,
                 "config": to_dict(cfg),
             }
             checkpoints.save(engine, step, client_state, hf_files=lambda dest: save_hf_files(student, tokenizer, dest))
@@ -142,6 +154,7 @@ def train(cfg: TrainConfig) -> Path:
         export(checkpoints.root, student_dir)
         log.info("exported the student to %s", student_dir)
     dist.barrier()
+    tracker.finish(student_dir if world.is_main else None, {})  # registers the student if mlflow.register_as
     return student_dir
 
 

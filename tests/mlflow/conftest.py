@@ -8,6 +8,7 @@ continues the same store (what the outage test needs).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -118,3 +121,39 @@ def tiny_student_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
 def dead_tracking_uri() -> str:
     """An HTTP tracking URI on which nothing listens."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+class Launch:
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` on two CPU ranks, in the background."""
+
+    def __init__(self, teacher: Path, data: Path, output_dir: Path, overrides: list[str]) -> None:
+        deepspeed = Path(sys.executable).parent / "deepspeed"
+        self.output_dir = output_dir
+        self.log_path = output_dir.parent / f"{output_dir.name}.log"
+        self.overrides = [f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}", *overrides]
+        cmd = [str(deepspeed), "--master_port", str(free_port()), "--num_gpus", "2", "launch/run.sh"]
+        cmd += ["configs/tiny-cpu.yaml", *self.overrides]
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env.pop("MLFLOW_TRACKING_URI", None)  # the overrides name the server
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 600) -> str:
+        """Wait for the launcher to exit successfully; returns its output."""
+        rc = self.process.wait(timeout=timeout)
+        log = self.log_path.read_text()
+        assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
+        return log
+
+    def records(self) -> list[dict]:
+        """``metrics.jsonl`` so far (the loop's own record, independent of MLflow)."""
+        path = self.output_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.fixture
+def launch_tiny_distillation(tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path):
+    """Start the tiny CPU distillation through the real launcher with extra ``key=value`` overrides."""
+    return lambda *overrides: Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", list(overrides))

@@ -1,0 +1,166 @@
+"""The tiny CPU distillation through the real launcher, tracked by a real MLflow server.
+
+One run is tracked, registered, promoted, pulled and fine-tuned as a downstream team would;
+another loses its tracking server mid-run and must finish anyway, with every metric it
+logged meanwhile reaching the server once it is back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from common.config import flatten, load_config, to_dict
+from trainer.config import TrainConfig
+from trainer.tracking import dataset_fingerprint
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "tests" / "data" / "docs-classification.jsonl"
+
+
+def trainer_cli(*args: str) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> None:
+    """Every value of metrics.jsonl is in the run's history, at its step, exactly."""
+    keys = {key for record in records for key in record if key != "step"}
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/samples"} <= keys
+    assert any(key.startswith("eval/") for key in keys)
+    for key in keys:
+        expected = {(r["step"], r[key]) for r in records if key in r}
+        got = {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
+        assert got == expected, key
+
+
+def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
+    mlflow_server, launch_tiny_distillation, tiny_teacher_dir, tiny_dataset_dir, tmp_path
+):
+    from mlflow import MlflowClient
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    from trainer.finetune import FinetuneConfig, finetune
+
+    uri = mlflow_server.uri
+    settings = ["max_steps=10", "logging.every_steps=1", "eval.every_steps=5", "checkpoint.every_steps=5"]
+    mlflow = [f"mlflow.tracking_uri={uri}", "mlflow.experiment=e2e", "mlflow.register_as=tiny-student",
+              "mlflow.alias=candidate", "mlflow.system_metrics_interval_s=1"]  # fmt: skip
+    run = launch_tiny_distillation(*settings, *mlflow)
+    run.wait()
+
+    client = MlflowClient(uri)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    run_id = tracked.info.run_id
+    assert tracked.info.status == "FINISHED"
+
+    # Params: the resolved config, flattened. Tags: what the run was made of.
+    cfg = load_config(TrainConfig, REPO / "configs" / "tiny-cpu.yaml", run.overrides)
+    expected = {key: str(value) for key, value in flatten(to_dict(cfg)).items()}
+    assert tracked.data.params == {**expected, "world_size": "2"}
+    manifest = json.loads((tiny_dataset_dir / "manifest.json").read_text())
+    tags = tracked.data.tags
+    assert tags["teacher"] == str(tiny_teacher_dir)
+    assert tags["dataset_fingerprint"] == dataset_fingerprint(manifest)
+    assert (tags["world_size"], tags["deepspeed_stage"]) == ("2", "2")
+    is_commit = subprocess.run(["git", "cat-file", "-e", f"{tags['git_commit']}^{{commit}}"], cwd=REPO)
+    assert len(tags["git_commit"]) == 40 and is_commit.returncode == 0
+
+    # Metrics: exactly what the loop wrote to metrics.jsonl, plus this node's system metrics.
+    records = run.records()
+    assert max(r["step"] for r in records) == 10
+    assert_metrics_reached_mlflow(client, run_id, records)
+    assert any(k.startswith("system/") and k.endswith("/cpu_utilization_percentage") for k in tracked.data.metrics)
+    assert any(k.startswith("system/") and k.endswith("/system_memory_usage_megabytes") for k in tracked.data.metrics)
+
+    # Artifacts: the config files (with the preset it inherits from), the DeepSpeed config, the manifest.
+    listed = {a.path for d in ("config", "deepspeed", "dataset") for a in client.list_artifacts(run_id, d)}
+    assert listed == {"config/tiny-cpu.yaml", "config/distilbert-base.yaml", "config/resolved.yaml",
+                      "deepspeed/ds_config.json", "dataset/manifest.json"}  # fmt: skip
+    fetched = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
+    assert json.loads((fetched / "dataset" / "manifest.json").read_text()) == manifest
+    ds_config = json.loads((fetched / "deepspeed" / "ds_config.json").read_text())
+    assert ds_config["zero_optimization"]["stage"] == 2 and ds_config["train_batch_size"] == 8
+    assert yaml.safe_load((fetched / "config" / "resolved.yaml").read_text()) == to_dict(cfg)
+
+    # The registered version: linked to the run, tagged, aliased; promotion is one command.
+    version = client.get_model_version_by_alias("tiny-student", "candidate")
+    assert version.run_id == run_id
+    last_eval = [r for r in records if "eval/student_mlm_accuracy" in r][-1]
+    assert version.tags["teacher"] == str(tiny_teacher_dir)
+    assert version.tags["dataset_fingerprint"] == dataset_fingerprint(manifest)
+    assert version.tags["steps"] == "10"
+    assert version.tags["eval/student_mlm_accuracy"] == f"{last_eval['eval/student_mlm_accuracy']:.6g}"
+    trainer_cli("promote", "tiny-student", version.version, "champion", "--tracking-uri", uri)
+    assert client.get_model_version_by_alias("tiny-student", "champion").version == version.version
+
+    # Pulled by alias: both auto classes load it, with the trained weights.
+    pulled = tmp_path / "pulled"
+    trainer_cli("pull", "models:/tiny-student@champion", str(pulled), "--tracking-uri", uri)
+    exported = AutoModelForMaskedLM.from_pretrained(run.output_dir / "student").state_dict()
+    student = AutoModelForMaskedLM.from_pretrained(pulled).state_dict()
+    assert exported.keys() == student.keys()
+    assert all(torch.equal(exported[k], student[k]) for k in exported)
+    classifier = AutoModelForSequenceClassification.from_pretrained(pulled, num_labels=2)
+    embeddings = exported["bert.embeddings.word_embeddings.weight"]
+    assert torch.equal(classifier.bert.embeddings.word_embeddings.weight, embeddings)
+
+    # A short fine-tune from the registered student, tracked in its own experiment.
+    args = ["model=models:/tiny-student@champion", f"data={DOCS}", f"output_dir={tmp_path / 'finetune'}",
+            "epochs=1", "max_seq_len=64", f"mlflow.tracking_uri={uri}"]  # fmt: skip
+    finetuned = finetune(load_config(FinetuneConfig, None, args))
+    assert finetuned["total"] == 60 and finetuned["source"]["version"] == version.version
+    (ft_run,) = client.search_runs([client.get_experiment_by_name("finetune").experiment_id])
+    assert ft_run.info.status == "FINISHED"
+    assert ft_run.data.metrics["eval/accuracy"] == finetuned["accuracy"]
+    assert ft_run.data.tags["source_version"] == version.version
+
+
+def test_training_survives_a_tracking_server_outage(mlflow_server, launch_tiny_distillation):
+    from mlflow import MlflowClient
+
+    uri = mlflow_server.uri
+    client = MlflowClient(uri)
+    run = launch_tiny_distillation(
+        "max_steps=30", "logging.every_steps=1", "eval.every_steps=15", "checkpoint.every_steps=15",
+        f"mlflow.tracking_uri={uri}", "mlflow.experiment=outage", "mlflow.retry_max_s=2",
+    )  # fmt: skip
+    try:
+        # Wait until the run exists and has logged a step, then take the server away.
+        deadline = time.monotonic() + 600
+        while not (client.get_experiment_by_name("outage") and run.records()):
+            assert run.process.poll() is None, run.log_path.read_text()[-6000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        mlflow_server.stop()
+        down_after = max(r["step"] for r in run.records())
+        # Training goes on without the server: three more steps at least.
+        while max(r["step"] for r in run.records()) < down_after + 3:
+            assert run.process.poll() is None, run.log_path.read_text()[-6000:]
+            time.sleep(0.2)
+        logged_while_down = sorted({r["step"] for r in run.records() if r["step"] > down_after})
+    finally:
+        mlflow_server.start()  # same port, SQLite file and artifact directory
+    log = run.wait()
+
+    (tracked,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+    assert tracked.info.status == "FINISHED"
+    records = run.records()
+    assert max(r["step"] for r in records) == 30
+    assert_metrics_reached_mlflow(client, tracked.info.run_id, records)
+    on_server = {m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss")}
+    assert set(logged_while_down) <= on_server and len(logged_while_down) >= 3
+    assert log.count("unreachable") == 1  # warned once, not once per step
+    assert "reachable again" in log
