@@ -61,10 +61,6 @@ def encoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
     return embeddings, layers
 
 
-def num_heads_of(layer: nn.Module) -> int:
-    return layer.attention.self.num_attention_heads
-
-
 @contextmanager
 def capture(model: nn.Module, spec: CaptureSpec) -> Iterator[Captured]:
     """Record ``spec``'s tensors during the forward passes run inside the block."""
