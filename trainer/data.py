@@ -152,6 +152,13 @@ class SlotStream:
             skip = 0
 
 
+def padding_mask(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
+    """The attention mask of a host batch, or None when it has no padding (the packed common
+    case), decided on the host so the model can take SDPA's unmasked path."""
+    mask = input_ids.ne(pad_id)
+    return None if bool(mask.all()) else mask
+
+
 def batches_before(consumed: int, worker: int, num_workers: int) -> int:
     """How many of the first ``consumed`` round-robin batches came from ``worker``."""
     return max(0, (consumed - worker + num_workers - 1) // num_workers)
@@ -274,18 +281,14 @@ def valid_batches(
     """This rank's share of the first ``max_batches`` valid batches, in file order.
 
     Every rank gets the same number of batches (ZeRO-3 forwards are collective); when there
-    are fewer batches than ranks, some are evaluated twice.
+    are fewer batches than ranks, some are evaluated twice. An empty valid split gives none.
     """
     shards = dataset.shards("valid")
-    if not shards:
-        raise ConfigError(f"data: {dataset.root} has no valid samples to evaluate on")
-    rows = [
-        decode(s)
-        for s in itertools.islice(
-            wds.tarfile_samples([{"url": s.path} for s in shards]), max_batches * micro_batch_size
-        )
-    ]
+    samples = wds.tarfile_samples([{"url": s.path} for s in shards])
+    rows = [decode(s) for s in itertools.islice(samples, max_batches * micro_batch_size)]
     batches = [np.stack(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+    if not batches:
+        return []
     per_rank = max(1, len(batches) // world_size)
     mine = [batches[(rank * per_rank + i) % len(batches)] for i in range(per_rank)]
     return [torch.from_numpy(b.astype(np.int64)) for b in mine]

@@ -88,7 +88,7 @@ class MetricsLog:
             self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.is_main:
+        if not self.is_main or not metrics:
             return
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")

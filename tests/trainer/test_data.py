@@ -13,7 +13,15 @@ import torch
 
 from common.config import ConfigError
 from common.tokenizer import load_tokenizer, tokenizer_identity
-from trainer.data import SlotStream, TrainLoader, TrainStream, check_tokenizer, open_dataset, valid_batches
+from trainer.data import (
+    SlotStream,
+    TrainLoader,
+    TrainStream,
+    check_tokenizer,
+    open_dataset,
+    padding_mask,
+    valid_batches,
+)
 
 
 def keys_of_epoch(stream: SlotStream, epoch: int) -> list[str]:
@@ -121,3 +129,20 @@ def test_missing_manifest_and_foreign_tokenizer_are_clear_errors(
     identity = tokenizer_identity(load_tokenizer(str(foreign)), str(foreign))
     with pytest.raises(ConfigError, match=r"^data: .* different tokenizer"):
         check_tokenizer(dataset, identity, str(foreign))
+
+
+def test_a_dataset_without_valid_samples_gives_no_eval_batches(tiny_dataset_dir: Path, tmp_path: Path) -> None:
+    manifest = json.loads((tiny_dataset_dir / "manifest.json").read_text())
+    manifest["splits"]["valid"] = {"samples": 0, "tokens": 0, "shards": []}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "train").symlink_to(tiny_dataset_dir / "train")
+    dataset = open_dataset(tmp_path)
+    assert valid_batches(dataset, micro_batch_size=4, max_batches=3, rank=0, world_size=2) == []
+    assert next(loader(tmp_path, 0, workers=0))["input_ids"].shape == (4, 64)
+
+
+def test_padding_mask_is_none_for_packed_batches() -> None:
+    packed = torch.tensor([[101, 7, 8, 102], [101, 9, 102, 5]])
+    assert padding_mask(packed, pad_id=0) is None
+    padded = torch.tensor([[101, 7, 102, 0]])
+    assert padding_mask(padded, pad_id=0).tolist() == [[True, True, True, False]]
