@@ -160,7 +160,7 @@ class LayerDistillation(nn.Module):
         )
 
     def layer_maps(self) -> dict[str, Any]:
-        """The resolved (student layer, teacher layer) pairs, for ``plan`` and the run's metadata."""
+        """The resolved (student layer, teacher layer) pairs, as ``plan`` reports them."""
         maps: dict[str, Any] = {}
         if self.tinybert_map:
             maps["tinybert"] = [list(pair) for pair in self.tinybert_map]
