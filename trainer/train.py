@@ -28,9 +28,10 @@ from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.checkpoint import Checkpointer
 from trainer.config import TrainConfig
-from trainer.data import Dataset, TrainLoader, check_tokenizer, open_dataset, valid_batches
-from trainer.distiller import Distiller, eval_metrics, validate_against_teacher
-from trainer.engine import Distributed, build_engine, deepspeed_config, init_distributed
+from trainer.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
+from trainer.distiller import Distiller, validate_against_teacher
+from trainer.engine import build_engine, deepspeed_config, init_distributed
+from trainer.evaluate import Evaluation
 from trainer.export import export
 from trainer.masking import DynamicMasker, load_token_counts, seeded_generator
 from trainer.metrics import MetricsLog, StepMeter
@@ -38,8 +39,6 @@ from trainer.modeling import build_student, load_teacher, load_teacher_config, t
 from trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-EVAL_STREAM = 2**31 - 1  # seeds the fixed evaluation mask apart from every training step's
 
 
 def main(argv: list[str]) -> int:
@@ -131,11 +130,12 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         step += 1
         meter.end_step(step, lr, engine.get_global_grad_norm())
 
-        if step % cfg.logging.every_steps == 0 or step == cfg.max_steps:
+        eval_due = step % cfg.eval.every_steps == 0 or step == cfg.max_steps
+        if eval_due or step % cfg.logging.every_steps == 0:  # train records first: the log stays in step order
             for logged_step, metrics in meter.flush():
                 metrics_log.write(logged_step, metrics)
                 tracker.log_metrics(metrics, logged_step)
-        if step % cfg.eval.every_steps == 0 or step == cfg.max_steps:
+        if eval_due:
             metrics = evaluation.run(engine.module)
             metrics_log.write(step, metrics)
             tracker.log_metrics(metrics, step)
@@ -163,13 +163,6 @@ def reseed(seed: int, step: int, rank: int) -> None:
     torch.manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0] >> 1))
 
 
-def padding_mask(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
-    """The attention mask, or None for a batch without padding (the packed common case), decided
-    on the host so the model can take SDPA's unmasked path."""
-    mask = input_ids.ne(pad_id)
-    return None if bool(mask.all()) else mask
-
-
 def save_hf_files(student: Any, tokenizer: Any, dest: Path) -> None:
     """The student's config and the tokenizer, next to the weights DeepSpeed saved (for export)."""
     tmp = Path(tempfile.mkdtemp(prefix=".hf.", dir=dest.parent))
@@ -178,44 +171,3 @@ def save_hf_files(student: Any, tokenizer: Any, dest: Path) -> None:
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
-
-
-class Evaluation:
-    """Masked-LM loss and accuracy on the first valid batches, under one fixed mask.
-
-    Every rank evaluates its share and the sums are all-reduced. The teacher's loss and accuracy
-    never change, so they are reported once; top-1 agreement is reported every time.
-    """
-
-    def __init__(self, cfg: TrainConfig, dataset: Dataset, masker: DynamicMasker, world: Distributed) -> None:
-        self.batches = []
-        for i, ids in enumerate(
-            valid_batches(
-                dataset,
-                micro_batch_size=cfg.micro_batch_size,
-                max_batches=cfg.eval.max_batches,
-                rank=world.rank,
-                world_size=world.world_size,
-            )
-        ):
-            attention_mask = padding_mask(ids, dataset.pad_id)
-            ids = ids.to(world.device)
-            attention_mask = attention_mask.to(world.device) if attention_mask is not None else None
-            generator = seeded_generator(cfg.seed, EVAL_STREAM, world.rank, i, device=world.device)
-            masked, labels = masker(ids, attention_mask, generator)
-            self.batches.append((masked, attention_mask, labels))
-        self.teacher_reported = False
-
-    def run(self, distiller: Distiller) -> dict[str, float]:
-        totals: dict[str, torch.Tensor] = {}
-        for masked, attention_mask, labels in self.batches:
-            for key, value in distiller.evaluate(masked, attention_mask, labels).items():
-                totals[key] = totals.get(key, 0) + value.float()
-        keys = sorted(totals)
-        summed = torch.stack([totals[k] for k in keys])
-        dist.all_reduce(summed)
-        metrics = eval_metrics(dict(zip(keys, summed.tolist(), strict=True)))
-        if self.teacher_reported:
-            metrics = {k: v for k, v in metrics.items() if not k.startswith("teacher_")}
-        self.teacher_reported = True
-        return {f"eval/{k}": v for k, v in metrics.items()}
