@@ -79,3 +79,11 @@ def test_strings_stay_strings_and_options_pass_through():
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+
+
+def test_exponent_floats_without_a_dot(tmp_path):
+    path = write(tmp_path, "input: [x]\nratio: 5e-4\n")
+    assert load_config(Outer, path).ratio == 5e-4
+    assert load_config(Outer, None, ["input=[a]", "ratio=1e-2"]).ratio == 0.01
+    with pytest.raises(ConfigError, match="ratio"):
+        load_config(Outer, None, ["input=[a]", "ratio=fast"])
