@@ -9,6 +9,7 @@ Python inside a step. :class:`MetricsLog` writes one JSON object per step to
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
+
+log = logging.getLogger(__name__)
 
 
 class StepMeter:
@@ -115,8 +118,15 @@ def truncate_after(path: Path, step: int) -> None:
     """Keep only the records up to ``step``: a resumed run rewrites the steps it replays."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the torn last line of a killed run
+            log.warning("metrics: dropping an unreadable line of %s: %r", path, line[:80])
+            continue
+        if record["step"] <= step:
+            kept.append(line)
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)

@@ -63,6 +63,8 @@ def test_resolve_checkpoint_accepts_output_dir_checkpoints_dir_or_one_checkpoint
 def test_metrics_log_is_cut_back_to_the_resumed_step(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "train/loss": 1.0 / s}) + "\n" for s in range(1, 8)))
+    with path.open("a") as f:
+        f.write('{"step": 8, "train/lo')  # torn by the kill
     truncate_after(path, 5)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
     truncate_after(tmp_path / "absent.jsonl", 5)  # a fresh run has nothing to cut

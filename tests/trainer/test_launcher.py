@@ -71,8 +71,10 @@ def run(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> Path:
 
 
 def records(output_dir: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``; a line still being written by a live run is left out."""
     path = output_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("\n")]
 
 
 def train_losses(output_dir: Path) -> dict[int, dict[str, float]]:
