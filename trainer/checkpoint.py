@@ -74,12 +74,15 @@ class Checkpointer:
     def save(self, engine: Any, step: int, client_state: dict[str, Any], hf_files: Any) -> Path:
         """Save on every rank (ZeRO shards live everywhere); rank 0 adds ``hf/`` and prunes.
 
-        ``hf_files(dest)`` writes the student's config and tokenizer into ``dest``.
+        ``hf_files(dest)`` writes the student's config and tokenizer into ``dest``; it runs
+        first, so that ``latest`` never names a checkpoint that cannot be exported.
         """
         tag = tag_for(step)
+        if self.is_main:
+            (self.root / tag).mkdir(parents=True, exist_ok=True)
+            hf_files(self.root / tag / HF_DIR)
         engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state)
         if self.is_main:
-            hf_files(self.root / tag / HF_DIR)
             prune(self.root, self.keep_last, step)
         dist.barrier()
         return self.root / tag
