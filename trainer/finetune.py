@@ -40,6 +40,11 @@ SPLIT_NAMES = ("validation", "valid", "test")  # a saved DatasetDict's validatio
 
 
 @dataclasses.dataclass
+class FinetuneMlflowConfig(MlflowConfig):
+    experiment: str = "finetune"
+
+
+@dataclasses.dataclass
 class FinetuneConfig:
     model: str  # models:/NAME@ALIAS, models:/NAME/VERSION, or a local Hugging Face directory
     data: str  # CSV, JSONL, or a `datasets` dataset directory (save_to_disk)
@@ -57,7 +62,7 @@ class FinetuneConfig:
     grad_clip: float = 1.0
     log_every_steps: int = 10
     seed: int = 0
-    mlflow: MlflowConfig = field(default_factory=lambda: MlflowConfig(experiment="finetune"))
+    mlflow: FinetuneMlflowConfig = field(default_factory=FinetuneMlflowConfig)
 
     def validate(self) -> None:
         require(0 < self.valid_fraction < 1, "valid_fraction", "must be in (0, 1)")

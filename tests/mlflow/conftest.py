@@ -157,3 +157,14 @@ class Launch:
 def launch_tiny_distillation(tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path):
     """Start the tiny CPU distillation through the real launcher with extra ``key=value`` overrides."""
     return lambda *overrides: Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", list(overrides))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The tests' models are tiny: one thread is fastest, and spares a busy 2-core machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
