@@ -12,8 +12,6 @@ import unicodedata
 # C0/C1 control characters (NUL included) except tab, newline and carriage return, which
 # are whitespace; lone surrogates (possible via JSON "\ud800" escapes) cannot be encoded.
 _REMOVED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
-_HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
-_LINE_BREAKS = re.compile(r" ?\n\s*")
 
 
 def clean_text(text: str) -> tuple[str, bool]:
@@ -28,6 +26,7 @@ def clean_text(text: str) -> tuple[str, bool]:
         removed = True
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)
-    text = _HORIZONTAL_SPACE.sub(" ", text)
-    text = _LINE_BREAKS.sub("\n", text)
-    return text.strip(), removed
+    # str.split() runs in C: per line, collapse whitespace runs; blank lines vanish. (Regex
+    # substitutions doing the same were 2.5x slower on the documentation corpora.)
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    return "\n".join(line for line in lines if line), removed

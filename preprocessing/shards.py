@@ -34,9 +34,11 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
     buffer = io.BytesIO()
+    # Every row has the same dtype and shape, hence the same .npy header: build it once.
+    header = npy_bytes(sequences[0])[: -sequences[0].nbytes] if len(sequences) else b""
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for i, row in enumerate(sequences):
-            payload = npy_bytes(row)
+            payload = header + row.tobytes()
             info = tarfile.TarInfo(f"{sample_key(split, shard, i)}.input_ids.npy")
             info.size = len(payload)
             info.mtime = 0
