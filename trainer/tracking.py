@@ -89,15 +89,14 @@ class Tracker:
             return
         limit_http_retries(cfg)
         self.client: Any = None  # made in the background thread: opening a SQLite store can take seconds
-        self.inbox: collections.deque = collections.deque()  # the loop appends, the thread pops (both atomic)
+        self.inbox: collections.deque = collections.deque()  # (key, value, time ms, step): the loop appends,
+        # the thread pops (both atomic, no lock)
         self.pending: list[Any] = []  # mlflow Metric objects not yet sent, oldest first (thread only)
         self.system: list[tuple[int, int, dict[str, float]]] = []  # (sample index, time ms, values) (thread only)
         self.system_step = 0  # step of this node's first system sample in this process (known after setup)
         self.samples_taken = 0
         self.monitors = system_monitors() if cfg.system_metrics else []
         self.setup: list[Callable[[], None]] = self.setup_steps()
-        self.delivered = 0
-        self.dropped = 0
         self.outage_since: float | None = None
         self.wakeup = threading.Event()
         self.first_attempt = threading.Event()
@@ -124,9 +123,9 @@ class Tracker:
         ``resume_run_id`` (from the checkpoint) continues that run; ``config_path`` and the
         effective ``deepspeed_config`` are logged as artifacts."""
         mlflow_cfg = cfg.mlflow
+        tracker = cls(mlflow_cfg, spec=None)  # inert until this rank has something to record
         if not mlflow_cfg.tracks:
-            return cls(mlflow_cfg, spec=None)
-        tracker = cls(mlflow_cfg, spec=None)
+            return tracker
         if rank == 0:
             spec = training_run_spec(cfg, config_path, deepspeed_config or {}, world_size)
             tracker = cls(mlflow_cfg, spec=spec, run_id=resume_run_id)
@@ -146,13 +145,11 @@ class Tracker:
         """Queue ``metrics`` at ``step``; returns at once, whatever the server's state."""
         if not self.active or self.spec is None:
             return
-        from mlflow.entities import Metric
-
         now_ms = int(time.time() * 1000)
         self.last_step = max(self.last_step, step)
         for key, value in metrics.items():
-            try:
-                self.inbox.append(Metric(key, float(value), now_ms, int(step)))
+            try:  # plain tuples: the loop never waits for an MLflow import
+                self.inbox.append((key, float(value), now_ms, int(step)))
             except (TypeError, ValueError):
                 log.debug("MLflow: metric %s=%r is not a number, not logged", key, value)
         self.wakeup.set()
@@ -275,18 +272,18 @@ class Tracker:
                         raise
                     log.warning("MLflow: %s failed and is skipped: %s", step.__name__, err)
                 self.setup.pop(0)
+            from mlflow.entities import Metric
+
             self.send_system()
             while self.inbox:
-                self.pending.append(self.inbox.popleft())
+                self.pending.append(Metric(*self.inbox.popleft()))
             while self.pending:
                 batch = self.pending[:BATCH]
                 try:
                     self.client.log_batch(self.run_id, metrics=batch)
-                    self.delivered += len(batch)
                 except Exception as err:
                     if not permanent(err):
                         raise
-                    self.dropped += len(batch)
                     log.warning(
                         "MLflow: rejected %d metric values (dropped; metrics.jsonl keeps them): %s", len(batch), err
                     )

@@ -128,15 +128,14 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert ft_run.data.tags["source_version"] == version.version
 
 
-def test_training_survives_a_tracking_server_outage(mlflow_server, launch_tiny_distillation):
+def test_training_survives_a_tracking_server_outage_and_resumes_into_its_run(mlflow_server, launch_tiny_distillation):
     from mlflow import MlflowClient
 
     uri = mlflow_server.uri
     client = MlflowClient(uri)
-    run = launch_tiny_distillation(
-        "max_steps=30", "logging.every_steps=1", "eval.every_steps=15", "checkpoint.every_steps=15",
-        f"mlflow.tracking_uri={uri}", "mlflow.experiment=outage", "mlflow.retry_max_s=2",
-    )  # fmt: skip
+    settings = ["logging.every_steps=1", "eval.every_steps=15", "checkpoint.every_steps=15",
+                f"mlflow.tracking_uri={uri}", "mlflow.experiment=outage", "mlflow.retry_max_s=2"]  # fmt: skip
+    run = launch_tiny_distillation("max_steps=30", *settings)
     try:
         # Wait until the run exists and has logged a step, then take the server away.
         deadline = time.monotonic() + 600
@@ -164,3 +163,11 @@ def test_training_survives_a_tracking_server_outage(mlflow_server, launch_tiny_d
     assert set(logged_while_down) <= on_server and len(logged_while_down) >= 3
     assert log.count("unreachable") == 1  # warned once, not once per step
     assert "reachable again" in log
+
+    # Relaunched with more steps, it resumes from its last checkpoint into the same MLflow run.
+    resumed = launch_tiny_distillation("max_steps=33", *settings)
+    assert "resumed from step 30" in resumed.wait()
+    (again,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+    assert again.info.run_id == tracked.info.run_id and again.info.status == "FINISHED"
+    on_server = {m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss")}
+    assert on_server == set(range(1, 34))
