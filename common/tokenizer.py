@@ -10,6 +10,7 @@ tokenizer came from a hub id, a local directory or a re-saved copy.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from common.config import ConfigError
@@ -35,7 +36,12 @@ def special_token_ids(tokenizer: Any) -> dict[str, int]:
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
+    """sha256 of what maps text to ids; truncation/padding are call-time settings and left out."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    canonical = json.dumps(state, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def tokenizer_identity(tokenizer: Any, name_or_path: str) -> dict[str, Any]:

@@ -19,3 +19,10 @@ def test_identity_survives_a_save_roundtrip(bert_tokenizer_dir, tmp_path):
 def test_unreadable_tokenizer_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer"):
         load_tokenizer(str(tmp_path / "nope"))
+
+
+def test_fingerprint_ignores_call_time_truncation_and_padding(bert_tokenizer_dir):
+    tok = load_tokenizer(str(bert_tokenizer_dir))
+    before = tokenizer_identity(tok, "x")["fingerprint"]
+    tok(["some text", "more"], truncation=True, max_length=8, padding="max_length")
+    assert tokenizer_identity(tok, "x")["fingerprint"] == before
