@@ -168,3 +168,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def trainer_cli():
+    """``python -m trainer ARGS`` in a fresh process, as a user runs it; returns the CompletedProcess."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "trainer", *args]
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    return run

@@ -8,9 +8,7 @@ logged meanwhile reaching the server once it is back.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,13 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "tests" / "data" / "docs-classification.jsonl"
 
 
-def trainer_cli(*args: str) -> str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> None:
     """Every value of metrics.jsonl is in the run's history, at its step, exactly."""
     keys = {key for record in records for key in record if key != "step"}
@@ -47,7 +38,7 @@ def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> N
 
 
 def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
-    mlflow_server, launch_tiny_distillation, tiny_teacher_dir, tiny_dataset_dir, tmp_path
+    mlflow_server, launch_tiny_distillation, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
 ):
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
@@ -103,12 +94,14 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert version.tags["dataset_fingerprint"] == dataset_fingerprint(manifest)
     assert version.tags["steps"] == "10"
     assert version.tags["eval/student_mlm_accuracy"] == f"{last_eval['eval/student_mlm_accuracy']:.6g}"
-    trainer_cli("promote", "tiny-student", version.version, "champion", "--tracking-uri", uri)
+    done = trainer_cli("promote", "tiny-student", version.version, "champion", "--tracking-uri", uri)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert client.get_model_version_by_alias("tiny-student", "champion").version == version.version
 
     # Pulled by alias: both auto classes load it, with the trained weights.
     pulled = tmp_path / "pulled"
-    trainer_cli("pull", "models:/tiny-student@champion", str(pulled), "--tracking-uri", uri)
+    done = trainer_cli("pull", "models:/tiny-student@champion", str(pulled), "--tracking-uri", uri)
+    assert done.returncode == 0, done.stderr[-3000:]
     exported = AutoModelForMaskedLM.from_pretrained(run.output_dir / "student").state_dict()
     student = AutoModelForMaskedLM.from_pretrained(pulled).state_dict()
     assert exported.keys() == student.keys()

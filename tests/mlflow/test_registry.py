@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from common.config import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def trainer_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-
 
 @pytest.mark.integration
-def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path):
+def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, trainer_cli):
     import mlflow
     from mlflow import MlflowClient
     from mlflow.entities import Metric, RunTag
