@@ -335,7 +335,8 @@ class Tracker:
                 return
         experiment = self.client.get_experiment_by_name(spec.experiment)
         if experiment is None:
-            experiment_id = self.client.create_experiment(spec.experiment)
+            location = local_artifact_location(self.tracking_uri, spec.experiment)
+            experiment_id = self.client.create_experiment(spec.experiment, artifact_location=location)
         else:
             experiment_id = experiment.experiment_id
         run = self.client.create_run(experiment_id, run_name=spec.run_name, tags=spec.tags)
@@ -406,6 +407,16 @@ def system_monitors() -> list[Any]:
         except Exception:  # no NVIDIA/AMD GPU or library on this node
             continue
     return monitors
+
+
+def local_artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """With a local SQLite store, artifacts go next to the database file (``DIR/mlruns/EXPERIMENT``),
+    not under whatever directory the run was started from; a server decides for itself (None)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment)
+    return (database.parent / "mlruns" / name).as_uri()
 
 
 def permanent(err: Exception) -> bool:
