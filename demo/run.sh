@@ -8,13 +8,12 @@
 #   5. fine-tune it to tell Python docs from Linux docs
 # Every step is the command a user would run; the sizes below are the only knobs.
 #   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
-#   DEMO_MAX_STEPS  distillation steps (default: 60)
+#   DEMO_MAX_STEPS  distillation steps (default: max_steps in configs/demo-minilm-3l.yaml)
 #   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${DEMO_OUTPUT:-demo-output}
-MAX_STEPS=${DEMO_MAX_STEPS:-60}
 FT_EPOCHS=${DEMO_FT_EPOCHS:-1}
 PYTHON=${PYTHON:-python}
 
@@ -39,7 +38,7 @@ step "1/5 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam 
 
 step "2/5 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
 deepspeed --num_gpus 2 launch/run.sh configs/demo-minilm-3l.yaml \
-    teacher="$TEACHER" data="$OUT/data" output_dir="$OUT/run" max_steps="$MAX_STEPS"
+    teacher="$TEACHER" data="$OUT/data" output_dir="$OUT/run" ${DEMO_MAX_STEPS:+max_steps=$DEMO_MAX_STEPS}
 
 step "3/5 pulling the registered student models:/demo-minilm-3l@demo"
 "$PYTHON" -m trainer pull models:/demo-minilm-3l@demo "$OUT/student"
