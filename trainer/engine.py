@@ -65,6 +65,10 @@ def init_distributed() -> Distributed:
     on_cpu = accelerator.device_name() == "cpu"
     if not on_cpu:
         accelerator.set_device(local_rank)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # Ranks sharing a CPU: each gets its share of the cores instead of all of them (oversubscription).
+        local_ranks = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
     deepspeed.init_distributed(dist_backend="gloo" if on_cpu else accelerator.communication_backend_name())
     device = torch.device("cpu") if on_cpu else torch.device(accelerator.device_name(local_rank))
     return Distributed(int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"]), device)
