@@ -9,8 +9,16 @@ from collections.abc import Callable
 from common.config import ConfigError
 
 
-def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides)."""
+def split_config_args(args: list[str], usage: str | None = None) -> tuple[str | None, list[str]]:
+    """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides).
+
+    ``-h``/``--help`` prints ``usage`` (the command's docstring) and exits, as argparse would.
+    """
+    if args and args[0] in ("-h", "--help"):
+        print((usage or "").strip() + "\n\nEvery config key is listed in docs/config.md.")
+        raise SystemExit(0)
+    if args and args[0].startswith("-"):
+        raise ConfigError(f"unknown option {args[0]!r}: arguments are [CONFIG.yaml] [key=value ...] (see --help)")
     if args and "=" not in args[0]:
         return args[0], list(args[1:])
     return None, list(args)

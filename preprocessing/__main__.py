@@ -12,7 +12,7 @@ from preprocessing.config import PreprocessConfig
 def main(argv: list[str]) -> int:
     from preprocessing.pipeline import run
 
-    path, overrides = split_config_args(argv)
+    path, overrides = split_config_args(argv, __doc__)
     cfg = load_config(PreprocessConfig, path, overrides)
     run(cfg)
     return 0

@@ -82,7 +82,7 @@ class Split:
 
 
 def main(argv: list[str]) -> int:
-    path, overrides = split_config_args(argv)
+    path, overrides = split_config_args(argv, __doc__)
     cfg = load_config(FinetuneConfig, path, overrides)
     result = finetune(cfg, config_path=path)
     print(f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/{result['total']})")

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
-    path, overrides = split_config_args(argv)
+    path, overrides = split_config_args(argv, __doc__)
     if path is None:
         raise ConfigError("usage: python -m trainer train CONFIG.yaml [key=value ...] (the config file is required)")
     train(load_config(TrainConfig, path, overrides), config_path=path)

@@ -87,3 +87,15 @@ def test_exponent_floats_without_a_dot(tmp_path):
     assert load_config(Outer, None, ["input=[a]", "ratio=1e-2"]).ratio == 0.01
     with pytest.raises(ConfigError, match="ratio"):
         load_config(Outer, None, ["input=[a]", "ratio=fast"])
+
+
+def test_cli_help_and_unknown_options(capsys):
+    from common.cli import split_config_args
+
+    assert split_config_args(["c.yaml", "a=1"]) == ("c.yaml", ["a=1"])
+    assert split_config_args(["a=1"]) == (None, ["a=1"])
+    with pytest.raises(SystemExit) as exited:
+        split_config_args(["--help"], "usage: python -m thing [CONFIG.yaml]")
+    assert exited.value.code == 0 and "usage: python -m thing" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="unknown option '--workers'"):
+        split_config_args(["--workers", "2"])
