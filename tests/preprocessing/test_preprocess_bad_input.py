@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import build_dataset
+from helpers import build_dataset
 from test_preprocess_pipeline import manifest_of, read_sequences
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
-from conftest import TINY_DATASET_SETTINGS, build_dataset
+from helpers import TINY_DATASET_SETTINGS, build_dataset
 from transformers import AutoTokenizer
 
 from preprocessing.cleaning import clean_text
