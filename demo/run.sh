@@ -23,6 +23,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export MLFLOW_TRACKING_URI="sqlite:///$OUT/mlflow.db"
+export MLFLOW_REGISTRY_URI="$MLFLOW_TRACKING_URI"  # the demo's registry too, whatever the shell had set
 
 step() { printf '\n=== %s ===\n' "$*"; }
 started=$SECONDS

@@ -6,6 +6,7 @@ The builders behind them live in ``tests/helpers.py`` (import them as ``from hel
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,16 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
         **TINY_DATASET_SETTINGS,
         beam={"direct_num_workers": 2},
     )
+
+
+@pytest.fixture(autouse=True)
+def isolate_mlflow_uris() -> Iterator[None]:
+    """``mlflow.set_tracking_uri``/``set_registry_uri`` write process-wide environment variables;
+    restore them after each test so one test's (stopped) server never leaks into the next."""
+    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

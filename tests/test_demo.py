@@ -29,7 +29,8 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
         "PYTHON": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    env.pop("MLFLOW_TRACKING_URI", None)
+    for leftover in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        env.pop(leftover, None)
     proc = subprocess.run(
         ["bash", str(REPO / "demo" / "run.sh")], env=env, capture_output=True, text=True, timeout=1500
     )
@@ -43,7 +44,8 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
 
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    store = f"sqlite:///{out / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store, registry_uri=store)  # not MLflow's process-global registry
     version = client.get_model_version_by_alias("demo-minilm-3l", "demo")
     assert int(version.version) == 1
 
