@@ -33,20 +33,43 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    # Every row has the same dtype and shape, hence the same .npy header: build it once.
-    header = npy_bytes(sequences[0])[: -sequences[0].nbytes] if len(sequences) else b""
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, row in enumerate(sequences):
-            payload = header + row.tobytes()
-            info = tarfile.TarInfo(f"{sample_key(split, shard, i)}.input_ids.npy")
-            info.size = len(payload)
-            info.mtime = 0
-            info.mode = 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(payload))
-    return buffer.getvalue()
+    """The shard's bytes: exactly what ``tarfile`` writes (ustar), built from one header template.
+
+    Every member has the same size and metadata, so only its name and header checksum change:
+    patching a template is ~10x faster than ``tarfile.addfile`` per member, which dominated
+    shard writing.
+    """
+    if not len(sequences):
+        return _tar_end(0)
+    npy_header = npy_bytes(sequences[0])[: -sequences[0].nbytes]  # the same for every row
+    size = len(npy_header) + sequences[0].nbytes
+    template = bytearray(_member_header(sample_key(split, shard, 0), size))
+    padding = bytes(-size % tarfile.BLOCKSIZE)
+    parts: list[bytes] = []
+    for i, row in enumerate(sequences):
+        header = template.copy()
+        header[:100] = f"{sample_key(split, shard, i)}.input_ids.npy".encode().ljust(100, b"\0")
+        header[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
+        header[148:155] = b"%06o\0" % sum(header)
+        parts += (header, npy_header, row.tobytes(), padding)
+    written = sum(len(part) for part in parts)
+    return b"".join(parts) + _tar_end(written)
+
+
+def _member_header(key: str, size: int) -> bytes:
+    info = tarfile.TarInfo(f"{key}.input_ids.npy")
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+def _tar_end(written: int) -> bytes:
+    """Two zero blocks, then zeros up to a whole record, as tarfile closes an archive."""
+    end = written + 2 * tarfile.BLOCKSIZE
+    return bytes(2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE))
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -6,7 +6,7 @@ import tarfile
 import numpy as np
 
 from preprocessing.manifest import build_manifest, summary_table
-from preprocessing.shards import tar_bytes, write_shard
+from preprocessing.shards import npy_bytes, sample_key, tar_bytes, write_shard
 
 
 def test_tar_bytes_are_stable_and_standard():
@@ -20,6 +20,25 @@ def test_tar_bytes_are_stable_and_standard():
         loaded = np.load(io.BytesIO(tar.extractfile(members[1]).read()), allow_pickle=False)
     np.testing.assert_array_equal(loaded, sequences[1])
     assert loaded.dtype == np.uint16
+
+
+def tarfile_reference(split: str, shard: int, sequences: np.ndarray) -> bytes:
+    """The same shard written member by member with the standard library."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, row in enumerate(sequences):
+            payload = npy_bytes(row)
+            info = tarfile.TarInfo(f"{sample_key(split, shard, i)}.input_ids.npy")
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(payload), 0, 0o644, 0, 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+def test_tar_bytes_equal_what_tarfile_writes():
+    for rows, width, dtype in [(3, 8, np.uint16), (1, 4, np.int32), (37, 64, np.uint16), (0, 8, np.uint16)]:
+        sequences = np.arange(rows * width, dtype=dtype).reshape(rows, width)
+        assert tar_bytes("valid", 12, sequences) == tarfile_reference("valid", 12, sequences), (rows, width)
 
 
 def test_write_shard_is_atomic_and_reports_its_entry(tmp_path):
