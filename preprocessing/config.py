@@ -50,8 +50,8 @@ class PreprocessConfig:
     """A record that is not valid UTF-8 is dropped, or repaired with U+FFFD."""
     tokenize_batch_chars: int = 1_000_000
     """Documents are tokenized in batches of about this many characters."""
-    chunk_bytes: int = 4 * 1024 * 1024
-    """Cleaned text per tokenization work item: the unit the runner balances over workers."""
+    spill_bytes: int = 16 * 1024 * 1024
+    """Cleaned text a reader buffers before spilling it to the work directory: bounds its memory."""
     bucket_input_bytes: int = 16 * 1024 * 1024
     """Input bytes per hash bucket: bounds the memory one worker needs to sort a bucket."""
     beam: dict[str, Any] = field(default_factory=dict)
@@ -73,7 +73,7 @@ class PreprocessConfig:
             f"must be >= min_doc_chars ({self.min_doc_chars}), got {self.max_doc_chars}",
         )
         require(self.tokenize_batch_chars >= 1, "tokenize_batch_chars", "must be >= 1")
-        require(self.chunk_bytes >= 1, "chunk_bytes", "must be >= 1")
+        require(self.spill_bytes >= 1, "spill_bytes", "must be >= 1")
         require(self.bucket_input_bytes >= 1024, "bucket_input_bytes", "must be >= 1024")
         require(bool(self.text_field), "text_field", "must not be empty")
 

@@ -29,7 +29,9 @@ def document_hash(text: str, seed: int) -> bytes:
 
 
 def hash_bucket(digest: bytes, num_buckets: int) -> int:
-    return int.from_bytes(digest[:8], "little") % num_buckets
+    """Range partition of the hash space: buckets in order hold documents in hash order, so
+    bucket streams laid end to end are one global hash order whatever the bucket count."""
+    return int.from_bytes(digest[:8], "big") * num_buckets >> 64
 
 
 def hash_split(digest: bytes, valid_fraction: float) -> str:

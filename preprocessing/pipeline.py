@@ -3,16 +3,16 @@
 Stages (each a Beam step, so any runner can spread them over workers):
 
 1. ``ReadAndClean`` (one element per input file): stream documents, clean them, drop empty and
-   short ones, and cut the survivors into chunk files of about ``chunk_bytes``.
-2. ``TokenizeChunk`` (one element per chunk, so work is balanced whatever the file sizes):
-   tokenize in batches, hash the cleaned text, and write ``(hash, ids)`` records grouped by
-   hash bucket into one spill file.
-3. ``PackBucket`` (one element per bucket, ``bucket_input_bytes`` of input at most): load the
-   bucket's records, sort by hash, drop exact duplicates (equal hash), split train/valid by
-   hash, and write each split's ``doc [SEP] doc [SEP] ...`` stream.
-4. ``plan_shards`` + ``WriteShard``: from the streams' token counts alone, cut each split into
+   short ones, hash each survivor and spill ``(hash, text)`` records, grouped by hash bucket,
+   into files of about ``spill_bytes``.
+2. ``TokenizeBucket`` (one element per bucket; buckets are hash ranges, so they are evenly
+   sized and balance the tokenization over workers whatever the file sizes): load the
+   bucket's records, sort by hash, drop exact duplicates (equal hash) *before* paying for
+   their tokenization, split train/valid by hash, tokenize, and write each split's
+   ``doc [SEP] doc [SEP] ...`` stream.
+3. ``plan_shards`` + ``WriteShard``: from the streams' token counts alone, cut each split into
    shards of exactly ``samples_per_shard`` sequences; every shard is written independently.
-5. ``finalize``: token_counts.npy, then manifest.json (published last), then the work dir goes.
+4. ``finalize``: token_counts.npy, then manifest.json (published last), then the work dir goes.
 
 Bulk data moves through files under ``OUTPUT/.work`` and only file references and counters
 travel through the pipeline, so no runner (the in-memory DirectRunner included) ever holds
@@ -90,10 +90,11 @@ def read_file(path: str, start: int = 0, stop: int | None = None) -> bytes:
 
 
 class ReadAndClean(beam.DoFn):
-    """Stage 1: an input file -> chunk files of cleaned documents (+ counters on the ``counts`` tag).
+    """Stage 1: an input file -> ``(bucket, (spill path, start byte, stop byte))`` references
+    (+ counters on the ``counts`` tag).
 
-    Cutting files into ``chunk_bytes`` chunks is what lets the runner spread the expensive
-    tokenization evenly over workers, however unevenly sized the input files are.
+    Records are buffered per bucket and spilled every ``spill_bytes``, so a reader's memory is
+    bounded however large its file; only the small references travel through the shuffle.
     """
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
@@ -104,7 +105,7 @@ class ReadAndClean(beam.DoFn):
     def process(self, path: str) -> Iterator[Any]:
         started = time.monotonic()
         counts: Counter = Counter()
-        chunk: list[bytes] = []
+        buckets: dict[int, list[bytes]] = {}
         size = 0
         for raw in read_documents(path, self.read_options, counts):
             text, removed = clean_text(raw)
@@ -116,13 +117,14 @@ class ReadAndClean(beam.DoFn):
                 counts["documents.dropped.too_short"] += 1
             else:
                 data = text.encode("utf-8")
-                chunk += (_LENGTH.pack(len(data)), data)
-                size += len(data)
-                if size >= self.cfg.chunk_bytes:
-                    yield self._write_chunk(chunk)
-                    chunk, size = [], 0
-        if chunk:
-            yield self._write_chunk(chunk)
+                digest = document_hash(text, self.cfg.seed)
+                record = digest + _LENGTH.pack(len(data)) + data
+                buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
+                size += len(record)
+                if size >= self.cfg.spill_bytes:
+                    yield from self._spill(buckets)
+                    buckets, size = {}, 0
+        yield from self._spill(buckets)
         log.info(
             "read %s: %d documents, %.1f MB in %.1fs (%d dropped)",
             path,
@@ -135,30 +137,32 @@ class ReadAndClean(beam.DoFn):
             _count(key, n)
             yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
 
-    def _write_chunk(self, parts: list[bytes]) -> str:
-        path = work_path(self.plan, "text", f"{uuid.uuid4().hex}.bin")
+    def _spill(self, buckets: dict[int, list[bytes]]) -> Iterator[tuple[int, tuple[str, int, int]]]:
+        if not buckets:
+            return
+        path = work_path(self.plan, "spill", f"{uuid.uuid4().hex}.bin")
+        offset = 0
         with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.write(b"".join(parts))
-        return path
+            for bucket, records in sorted(buckets.items()):
+                data = b"".join(records)
+                handle.write(data)
+                yield bucket, (path, offset, offset + len(data))
+                offset += len(data)
 
 
-def read_chunk(path: str) -> list[str]:
-    data = read_file(path)
-    texts, offset = [], 0
+def parse_records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """``(hash, UTF-8 text)`` records of a spill range."""
+    offset = 0
     while offset < len(data):
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += _LENGTH.size
-        texts.append(data[offset : offset + length].decode("utf-8"))
+        digest = data[offset : offset + HASH_BYTES]
+        (length,) = _LENGTH.unpack_from(data, offset + HASH_BYTES)
+        offset += HASH_BYTES + _LENGTH.size
+        yield digest, data[offset : offset + length]
         offset += length
-    return texts
 
 
-class TokenizeChunk(beam.DoFn):
-    """Stage 2: a chunk file -> one spill file of ``(hash, ids)`` records grouped by hash bucket.
-
-    Emits ``(bucket, (spill path, start byte, stop byte))`` per bucket present: only these
-    small references travel through the shuffle, never the tokens themselves.
-    """
+class TokenizeBucket(beam.DoFn):
+    """Stage 2: ``(bucket, spill ranges)`` -> ``(split, (bucket, n_tokens, stream path))``."""
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
@@ -169,42 +173,58 @@ class TokenizeChunk(beam.DoFn):
         self.core = core_from_json(self.plan.tokenizer_json)
         self.dtype = np.dtype(self.plan.dtype)
 
-    def process(self, path: str) -> Iterator[Any]:
+    def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
         started = time.monotonic()
-        texts = read_chunk(path)
-        buckets: dict[int, list[bytes]] = {}
-        no_tokens = tokens = 0
-        for batch in batches(texts, self.cfg.tokenize_batch_chars):
-            for text, ids in zip(batch, encode_batch(self.core, batch, self.dtype), strict=True):
-                if not len(ids):
-                    no_tokens += 1
-                    continue
-                tokens += len(ids)
-                digest = document_hash(text, self.cfg.seed)
-                record = digest + _LENGTH.pack(len(ids)) + ids.tobytes()
-                buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
-        spill = work_path(self.plan, "spill", f"{uuid.uuid4().hex}.bin")
-        offset = 0
-        with FileSystems.create(spill, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            for bucket, records in sorted(buckets.items()):
-                data = b"".join(records)
-                handle.write(data)
-                yield bucket, (spill, offset, offset + len(data))
-                offset += len(data)
-        _count("documents.tokenized", len(texts) - no_tokens)
+        bucket, ranges = element
+        records = [record for r in sorted(ranges) for record in parse_records(read_file(*r))]
+        records.sort(key=lambda record: record[0])
+        texts: dict[str, list[str]] = {split: [] for split in SPLITS}
+        previous = None
+        for digest, data in records:
+            if digest != previous:
+                texts[hash_split(digest, self.cfg.valid_fraction)].append(data.decode("utf-8"))
+            previous = digest
+        unique = sum(len(t) for t in texts.values())
+        counts = Counter({"documents.dropped.duplicate": len(records) - unique})
+        tokens = 0
+        for split, split_texts in texts.items():
+            documents = self._tokenize(split_texts, counts)
+            if not documents:
+                continue
+            tokens += sum(len(ids) for ids in documents)
+            stream = document_stream(documents, self.plan.sep_id, self.dtype)
+            path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
+            with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+                handle.write(stream.tobytes())
+            yield split, (bucket, len(stream), path)
+        counts["documents.kept"] = unique - counts["documents.dropped.no_tokens"]
         _count("tokens", tokens)
+        for key, n in sorted(counts.items()):
+            _count(key, n)
+            yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
         seconds = time.monotonic() - started
-        million_chars = sum(len(t) for t in texts) / 1e6
+        million_chars = sum(len(t) for split_texts in texts.values() for t in split_texts) / 1e6
         log.info(
-            "tokenized %d documents, %.1f M chars, %d tokens in %.1fs (%.2f M chars/s)",
-            len(texts),
+            "bucket %d: %d documents (%d duplicates), %.1f M chars, %d tokens in %.1fs (%.2f M chars/s)",
+            bucket,
+            unique,
+            counts["documents.dropped.duplicate"],
             million_chars,
             tokens,
             seconds,
             million_chars / max(seconds, 1e-9),
         )
-        if no_tokens:
-            yield beam.pvalue.TaggedOutput(COUNTS, ("documents.dropped.no_tokens", no_tokens))
+
+    def _tokenize(self, texts: list[str], counts: Counter) -> list[np.ndarray]:
+        """Token ids of every text that has any, in order; the others are counted as dropped."""
+        documents = []
+        for batch in batches(texts, self.cfg.tokenize_batch_chars):
+            for ids in encode_batch(self.core, batch, self.dtype):
+                if len(ids):
+                    documents.append(ids)
+                else:
+                    counts["documents.dropped.no_tokens"] += 1
+        return documents
 
 
 def batches(texts: list[str], batch_chars: int) -> Iterator[list[str]]:
@@ -218,51 +238,6 @@ def batches(texts: list[str], batch_chars: int) -> Iterator[list[str]]:
             batch, size = [], 0
     if batch:
         yield batch
-
-
-def parse_records(data: bytes, dtype: np.dtype) -> Iterator[tuple[bytes, np.ndarray]]:
-    offset = 0
-    while offset < len(data):
-        digest = data[offset : offset + HASH_BYTES]
-        (length,) = _LENGTH.unpack_from(data, offset + HASH_BYTES)
-        offset += HASH_BYTES + _LENGTH.size
-        yield digest, np.frombuffer(data, dtype=dtype, count=length, offset=offset)
-        offset += length * dtype.itemsize
-
-
-class PackBucket(beam.DoFn):
-    """Stage 3: ``(bucket, spill ranges)`` -> ``(split, (bucket, n_tokens, stream path))``."""
-
-    def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
-        self.cfg = cfg
-        self.plan = plan
-
-    def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
-        bucket, ranges = element
-        dtype = np.dtype(self.plan.dtype)
-        records = [record for r in sorted(ranges) for record in parse_records(read_file(*r), dtype)]
-        records.sort(key=lambda record: record[0])
-        documents: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
-        previous = None
-        duplicates = 0
-        for digest, ids in records:
-            if digest == previous:
-                duplicates += 1
-                continue
-            previous = digest
-            documents[hash_split(digest, self.cfg.valid_fraction)].append(ids)
-        for split, docs in documents.items():
-            if not docs:
-                continue
-            stream = document_stream(docs, self.plan.sep_id, dtype)
-            path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
-            with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-                handle.write(stream.tobytes())
-            yield split, (bucket, len(stream), path)
-        kept = len(records) - duplicates
-        _count("documents.kept", kept)
-        yield beam.pvalue.TaggedOutput(COUNTS, ("documents.kept", kept))
-        yield beam.pvalue.TaggedOutput(COUNTS, ("documents.dropped.duplicate", duplicates))
 
 
 def read_slice(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
@@ -347,20 +322,15 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan
         pipeline
         | "InputFiles" >> beam.Create(plan.files)
         | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan)).with_outputs(COUNTS, main="chunks")
+        | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan)).with_outputs(COUNTS, main="spills")
     )
     tokenized = (
-        read.chunks
-        | "SpreadChunks" >> beam.Reshuffle()
-        | "TokenizeChunk" >> beam.ParDo(TokenizeChunk(cfg, plan)).with_outputs(COUNTS, main="spills")
-    )
-    packed = (
-        tokenized.spills
+        read.spills
         | "GroupSpills" >> beam.GroupByKey()
-        | "PackBucket" >> beam.ParDo(PackBucket(cfg, plan)).with_outputs(COUNTS, main="streams")
+        | "TokenizeBucket" >> beam.ParDo(TokenizeBucket(cfg, plan)).with_outputs(COUNTS, main="streams")
     )
     written = (
-        packed.streams
+        tokenized.streams
         | "GroupStreams" >> beam.GroupByKey()
         | "PlanShards"
         >> beam.FlatMap(lambda kv: plan_shards(kv[0], list(kv[1]), cfg.max_seq_len, cfg.samples_per_shard))
@@ -370,11 +340,7 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan
     token_counts = written.token_counts | "SumTokenCounts" >> beam.CombineGlobally(
         SumArrays(plan.identity["vocab_size"])
     )
-    counts = (
-        (read.counts, tokenized.counts, packed.counts)
-        | "AllCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombinePerKey(sum)
-    )
+    counts = (read.counts, tokenized.counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum)
     _ = (
         pipeline
         | "Finish" >> beam.Create([None])

@@ -24,6 +24,10 @@ from preprocessing.manifest import MANIFEST
 from preprocessing.packing import tokenizer_dtype
 from preprocessing.readers import detect_format
 
+# Buckets are the tokenization work items: enough of them that a small corpus still spreads
+# evenly over the workers. The output does not depend on the count (packing.hash_bucket).
+MIN_BUCKETS = 64
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -107,6 +111,6 @@ def preflight(cfg: PreprocessConfig) -> RunPlan:
         cls_id=ids["cls"],
         sep_id=ids["sep"],
         pad_id=ids["pad"],
-        num_buckets=max(1, math.ceil(input_bytes / cfg.bucket_input_bytes)),
+        num_buckets=max(MIN_BUCKETS, math.ceil(input_bytes / cfg.bucket_input_bytes)),
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
     )

@@ -78,12 +78,12 @@ def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path],
     return Path(out_dir)
 
 
-# Small chunks and buckets so that even the 220 KB sample exercises several of each.
+# Small spills and buckets so that even the 220 KB sample exercises several of each.
 TINY_DATASET_SETTINGS: dict[str, object] = {
     "max_seq_len": 64,
     "samples_per_shard": 128,
     "valid_fraction": 0.1,
     "seed": 0,
-    "chunk_bytes": 32768,
+    "spill_bytes": 32768,
     "bucket_input_bytes": 65536,
 }

@@ -34,6 +34,13 @@ def test_split_fraction_is_respected_and_independent_of_buckets():
     assert {hash_bucket(d, 7) for d in digests} == set(range(7))
 
 
+def test_buckets_are_hash_ranges_so_their_order_is_the_global_order():
+    digests = sorted(document_hash(f"document {i}", 3) for i in range(5000))
+    for num_buckets in (1, 2, 7, 64):
+        buckets = [hash_bucket(d, num_buckets) for d in digests]
+        assert buckets == sorted(buckets) and set(buckets) == set(range(num_buckets))
+
+
 def test_stream_and_packing_span_document_boundaries_and_pad_only_the_end():
     docs = [np.arange(1, 6, dtype=np.uint16), np.arange(10, 13, dtype=np.uint16)]
     stream = document_stream(docs, SEP, np.dtype(np.uint16))
