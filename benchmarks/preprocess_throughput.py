@@ -1,17 +1,21 @@
 """Preprocessing throughput and memory, next to the bare tokenizer (docs/benchmarks.md).
 
-    python benchmarks/preprocess_throughput.py [--corpora /work/shared/corpora] [--copies 1 8]
+    python benchmarks/preprocess_throughput.py [--corpora /work/shared/corpora] [--copies 1 8] [--repeats 1]
 
 1. Bare tokenizer: the same fast tokenizer core the pipeline uses, ``encode_batch`` (and
    ``encode_batch_fast``) over every document, in batches, Rust threads on every core; the JSON is
    parsed before the clock starts.
 2. The pipeline, ``python -m preprocessing`` on the DirectRunner (one worker per core), over 1x
-   and Nx copies of the corpus, wall time of the whole command including start-up, and the peak
-   RSS summed over the process tree (runner + Beam workers), sampled every 0.1 s.
+   and Nx copies of the corpus, and the peak RSS summed over the process tree (runner + Beam
+   workers), sampled every 0.1 s. Copy 0 is the corpus itself; copy ``i > 0`` prefixes every
+   document with ``copy i:``, so that de-duplication (which runs before tokenization) cannot
+   skip the copies' work. Two times are reported: the whole command (wall, including Python
+   and library start-up and tokenizer loading: a fixed cost) and the pipeline itself (Beam
+   start to manifest, as the command's summary prints it).
 
-Both MB/s use the same numerator: the UTF-8 bytes of the documents' text per corpus copy. The
-bare tokenizer is timed right before and right after each pipeline run (the ratio uses their
-mean), so a change in machine load during the run shows up instead of skewing the ratio.
+Both MB/s use the same numerator: the UTF-8 bytes of the documents' text. The bare tokenizer is
+timed right before and right after each pipeline run (the ratios use their mean), so a change
+in machine load during the run shows up instead of skewing the ratio.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,8 +74,25 @@ def bare_tokenizer_mb_s(core: object, batches: list[list[str]], megabytes: float
     return results
 
 
-def run_pipeline(inputs: list[str], tokenizer: str, output: Path, workers: int) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MB, summed over the process tree), and the pipeline's summary."""
+def write_copy(files: list[Path], copy: int, directory: Path) -> tuple[list[str], float]:
+    """The corpus files for copy ``copy`` (see the module docstring) and their text MB."""
+    if copy == 0:
+        return [str(path) for path in files], sum(len(t.encode("utf-8")) for t in load_texts(files)) / 1e6
+    paths, text_bytes = [], 0
+    for path in files:
+        target = directory / f"copy{copy}-{path.name}"
+        with gzip.open(path, "rt", encoding="utf-8") as source, gzip.open(target, "wt", compresslevel=1) as sink:
+            for line in source:
+                if line.strip():
+                    text = f"copy {copy}: {json.loads(line)['text']}"
+                    text_bytes += len(text.encode("utf-8"))
+                    sink.write(json.dumps({"text": text}) + "\n")
+        paths.append(str(target))
+    return paths, text_bytes / 1e6
+
+
+def run_pipeline(inputs: list[str], tokenizer: str, output: Path, workers: int) -> tuple[float, float, float]:
+    """Wall seconds of the command, seconds of the pipeline itself, peak RSS (MB, process tree)."""
     args = [sys.executable, "-m", "preprocessing", f"input={json.dumps(inputs)}", f"tokenizer={tokenizer}"]
     args += [f"output={output}", f"beam.direct_num_workers={workers}", "overwrite=true"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -89,7 +111,11 @@ def run_pipeline(inputs: list[str], tokenizer: str, output: Path, workers: int) 
     stdout, stderr = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"pipeline failed:\n{stderr[-4000:]}")
-    return seconds, peak / 1e6, stdout
+    print(stdout, flush=True)
+    match = re.search(r"input MB / seconds / MB/s\s+[\d,.]+ / ([\d,.]+) /", stdout)
+    if match is None:
+        raise SystemExit("the pipeline's summary has no 'input MB / seconds / MB/s' line")
+    return seconds, float(match.group(1).replace(",", "")), peak / 1e6
 
 
 def main() -> None:
@@ -99,6 +125,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--batch-chars", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=1, help="run the whole sequence this many times")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from common.tokenizer import load_tokenizer
@@ -111,31 +138,30 @@ def main() -> None:
     text_mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     batches = make_batches(texts, args.batch_chars)
     print(f"corpus: {len(files)} files, {len(texts):,} documents, {text_mb:.1f} MB of text; {os.cpu_count()} cores")
-    header = "| copies | text MB | wall s | pipeline MB/s | bare tokenizer MB/s before / after | ratio | peak RSS MB |"
-    rows = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| copies | text MB | command s | pipeline s | bare MB/s before / after "
+        "| command MB/s (ratio) | pipeline MB/s (ratio) | peak RSS MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as tmp:
-        for copies in args.copies:
-            inputs = []
-            for i in range(copies):
-                for path in files:
-                    link = Path(tmp, "corpus", f"copy{i}-{path.name}")
-                    link.parent.mkdir(parents=True, exist_ok=True)
-                    link.symlink_to(path.resolve())
-                    inputs.append(str(link))
-            before = bare_tokenizer_mb_s(core, batches, text_mb)
-            print(f"bare tokenizer before {copies}x (load {os.getloadavg()[0]:.1f}):", before, flush=True)
-            seconds, peak_mb, summary = run_pipeline(inputs, tokenizer, Path(tmp, f"out-{copies}"), args.workers)
-            print(f"pipeline {copies}x (load {os.getloadavg()[0]:.1f}):\n{summary}", flush=True)
-            after = bare_tokenizer_mb_s(core, batches, text_mb)
-            print(f"bare tokenizer after {copies}x (load {os.getloadavg()[0]:.1f}):", after, flush=True)
-            bare = (max(before.values()) + max(after.values())) / 2
-            mb_s = text_mb * copies / seconds
-            rows.append(
-                f"| {copies}x | {text_mb * copies:.1f} | {seconds:.1f} | {mb_s:.2f} "
-                f"| {max(before.values()):.2f} / {max(after.values()):.2f} | {mb_s / bare:.2f} | {peak_mb:.0f} |"
-            )
-            for link in Path(tmp, "corpus").iterdir():
-                link.unlink()
+        copies_dir = Path(tmp, "corpus")
+        copies_dir.mkdir()
+        corpus = [write_copy(files, i, copies_dir) for i in range(max(args.copies))]
+        for _ in range(args.repeats):
+            for copies in args.copies:
+                inputs = [path for paths, _ in corpus[:copies] for path in paths]
+                megabytes = sum(mb for _, mb in corpus[:copies])
+                before = max(bare_tokenizer_mb_s(core, batches, text_mb).values())
+                wall, pipeline, peak_mb = run_pipeline(inputs, tokenizer, Path(tmp, "out"), args.workers)
+                after = max(bare_tokenizer_mb_s(core, batches, text_mb).values())
+                bare = (before + after) / 2
+                row = (
+                    f"| {copies}x | {megabytes:.1f} | {wall:.1f} | {pipeline:.1f} | {before:.2f} / {after:.2f} "
+                    f"| {megabytes / wall:.2f} ({megabytes / wall / bare:.2f}) "
+                    f"| {megabytes / pipeline:.2f} ({megabytes / pipeline / bare:.2f}) | {peak_mb:,.0f} |"
+                )
+                print(row, f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                rows.append(row)
     print("\n".join(rows))
 
 

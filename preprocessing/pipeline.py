@@ -176,16 +176,9 @@ class TokenizeBucket(beam.DoFn):
     def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
         started = time.monotonic()
         bucket, ranges = element
-        records = [record for r in sorted(ranges) for record in parse_records(read_file(*r))]
-        records.sort(key=lambda record: record[0])
-        texts: dict[str, list[str]] = {split: [] for split in SPLITS}
-        previous = None
-        for digest, data in records:
-            if digest != previous:
-                texts[hash_split(digest, self.cfg.valid_fraction)].append(data.decode("utf-8"))
-            previous = digest
+        texts, duplicates = self._unique_texts(ranges)
         unique = sum(len(t) for t in texts.values())
-        counts = Counter({"documents.dropped.duplicate": len(records) - unique})
+        counts = Counter({"documents.dropped.duplicate": duplicates})
         tokens = 0
         for split, split_texts in texts.items():
             documents = self._tokenize(split_texts, counts)
@@ -214,6 +207,18 @@ class TokenizeBucket(beam.DoFn):
             seconds,
             million_chars / max(seconds, 1e-9),
         )
+
+    def _unique_texts(self, ranges: list[tuple[str, int, int]]) -> tuple[dict[str, list[str]], int]:
+        """The bucket's distinct texts per split, in hash order, and how many duplicates were dropped."""
+        records = [record for r in sorted(ranges) for record in parse_records(read_file(*r))]
+        records.sort(key=lambda record: record[0])
+        texts: dict[str, list[str]] = {split: [] for split in SPLITS}
+        previous = None
+        for digest, data in records:
+            if digest != previous:
+                texts[hash_split(digest, self.cfg.valid_fraction)].append(data.decode("utf-8"))
+            previous = digest
+        return texts, len(records) - sum(len(t) for t in texts.values())
 
     def _tokenize(self, texts: list[str], counts: Counter) -> list[np.ndarray]:
         """Token ids of every text that has any, in order; the others are counted as dropped."""
