@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from common.config import ConfigError
 
@@ -32,3 +34,10 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except (ConfigError, FileNotFoundError, PermissionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit without CPython's last collection over every live object: with Beam, transformers
+    and torch loaded that took 0.7 s of each command's wall time (measured), for nothing."""
+    gc.freeze()
+    sys.exit(code)

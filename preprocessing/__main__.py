@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from common.cli import run_cli, split_config_args
+from common.cli import exit_process, run_cli, split_config_args
 from common.config import load_config
 from preprocessing.config import PreprocessConfig
 
@@ -19,4 +17,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -62,6 +62,7 @@ from preprocessing.packing import (
     hash_split,
     pack_sequences,
     plan_shards,
+    token_frequencies,
 )
 from preprocessing.preflight import RunPlan, preflight
 from preprocessing.readers import ReadOptions, read_documents
@@ -259,6 +260,7 @@ class WriteShard(beam.DoFn):
         self.plan = plan
 
     def process(self, task: ShardTask) -> Iterator[Any]:
+        started = time.monotonic()
         dtype = np.dtype(self.plan.dtype)
         stream = np.concatenate([read_slice(s.path, s.start, s.stop, dtype) for s in task.slices])
         sequences = pack_sequences(stream, self.cfg.max_seq_len, self.plan.cls_id, self.plan.pad_id)
@@ -267,9 +269,9 @@ class WriteShard(beam.DoFn):
         _count(f"sequences.{task.split}", len(sequences))
         yield task.split, entry
         if task.split == "train":
-            real = sequences[sequences != self.plan.pad_id].astype(np.int64)
-            counts = np.bincount(real, minlength=self.plan.identity["vocab_size"])
+            counts = token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
             yield beam.pvalue.TaggedOutput(self.TOKEN_COUNTS, counts)
+        log.info("shard %s: %d sequences in %.2fs", entry["path"], len(sequences), time.monotonic() - started)
 
 
 class SumArrays(beam.CombineFn):

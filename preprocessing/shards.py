@@ -44,13 +44,16 @@ def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
     npy_header = npy_bytes(sequences[0])[: -sequences[0].nbytes]  # the same for every row
     size = len(npy_header) + sequences[0].nbytes
     template = bytearray(_member_header(sample_key(split, shard, 0), size))
+    template[:100] = bytes(100)  # the name goes here
+    template[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
+    checksum = sum(template)  # + the name's bytes
     padding = bytes(-size % tarfile.BLOCKSIZE)
     parts: list[bytes] = []
     for i, row in enumerate(sequences):
+        name = f"{sample_key(split, shard, i)}.input_ids.npy".encode()
         header = template.copy()
-        header[:100] = f"{sample_key(split, shard, i)}.input_ids.npy".encode().ljust(100, b"\0")
-        header[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
-        header[148:155] = b"%06o\0" % sum(header)
+        header[: len(name)] = name
+        header[148:155] = b"%06o\0" % (checksum + sum(name))
         parts += (header, npy_header, row.tobytes(), padding)
     written = sum(len(part) for part in parts)
     return b"".join(parts) + _tar_end(written)

@@ -9,6 +9,7 @@ from preprocessing.packing import (
     hash_split,
     pack_sequences,
     plan_shards,
+    token_frequencies,
     tokenizer_dtype,
 )
 
@@ -77,3 +78,13 @@ def test_corpus_tokenizer_never_truncates_and_never_emits_special_tokens(bert_to
     long_ids, special_ids = encode_batch(core, [long_text, typed_specials], np.dtype(np.uint16))
     assert len(long_ids) == 1000
     assert not set(special_ids.tolist()) & {tokenizer.sep_token_id, tokenizer.cls_token_id, tokenizer.pad_token_id}
+
+
+def test_token_frequencies_leave_out_padding_and_span_count_chunks():
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, 300, size=(700, 128)).astype(np.uint16)  # 89,600 ids: two count chunks
+    sequences[-1, 50:] = PAD
+    counts = token_frequencies(sequences, 300, PAD)
+    expected = np.bincount(sequences[sequences != PAD].astype(np.int64), minlength=300)
+    np.testing.assert_array_equal(counts, expected)
+    assert counts.dtype == np.int64 and counts[PAD] == 0
