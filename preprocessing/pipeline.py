@@ -327,8 +327,7 @@ def delete_tree(path: str) -> None:
 def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan) -> None:
     read = (
         pipeline
-        | "InputFiles" >> beam.Create(plan.files)
-        | "SpreadFiles" >> beam.Reshuffle()
+        | "InputFiles" >> beam.Create(plan.files)  # Create reshuffles: files spread over workers
         | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan)).with_outputs(COUNTS, main="spills")
     )
     tokenized = (

@@ -11,6 +11,7 @@ from common.cli import run_cli
 from common.config import load_config
 from preprocessing.__main__ import main
 from preprocessing.config import PreprocessConfig
+from preprocessing.preflight import resolve_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +89,11 @@ def test_example_config_and_overrides():
         PreprocessConfig, overrides=["input=[a.txt]", "tokenizer=t", "output=o", "beam.runner=FlinkRunner"]
     )
     assert "direct_num_workers" not in flink.beam_options()
+
+
+def test_inputs_are_dealt_largest_first(tmp_path):
+    for name, size in (("a.txt", 10), ("b.txt", 30), ("c.txt", 20), ("d.txt", 30)):
+        (tmp_path / name).write_text("x" * size)
+    files, total = resolve_inputs([str(tmp_path / "*.txt"), str(tmp_path / "a.txt")])
+    assert [Path(f).name for f in files] == ["b.txt", "d.txt", "c.txt", "a.txt"]
+    assert total == 90
