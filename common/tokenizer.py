@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from common.config import ConfigError
@@ -51,3 +53,22 @@ def tokenizer_identity(tokenizer: Any, name_or_path: str) -> dict[str, Any]:
         "special_token_ids": special_token_ids(tokenizer),
         "fingerprint": tokenizer_fingerprint(tokenizer),
     }
+
+
+def describe_tokenizer(name_or_path: str) -> dict[str, Any]:
+    """What a process that never imports transformers needs: the identity and the serialised
+    Rust core (``tokenizers.Tokenizer.from_str`` rebuilds it)."""
+    tokenizer = load_tokenizer(name_or_path)
+    return {"identity": tokenizer_identity(tokenizer, name_or_path), "json": tokenizer.backend_tokenizer.to_str()}
+
+
+def describe_tokenizer_in_background(name_or_path: str) -> Future[dict[str, Any]]:
+    """:func:`describe_tokenizer` in a fresh child process.
+
+    transformers imports torch to resolve any tokenizer (1.5 s and ~300 MB here); in a child it
+    overlaps whatever the caller imports meanwhile, and torch never enters the caller.
+    """
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    future = pool.submit(describe_tokenizer, name_or_path)
+    pool.shutdown(wait=False)  # the child exits once it has answered
+    return future

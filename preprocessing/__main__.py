@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from common.cli import exit_process, run_cli, split_config_args
 from common.config import load_config
+from common.tokenizer import describe_tokenizer_in_background
 from preprocessing.config import PreprocessConfig
 
 
 def main(argv: list[str]) -> int:
-    from preprocessing.pipeline import run
-
     path, overrides = split_config_args(argv, __doc__)
     cfg = load_config(PreprocessConfig, path, overrides)
-    run(cfg)
+    tokenizer = describe_tokenizer_in_background(cfg.tokenizer)
+    from preprocessing.pipeline import run  # imports Beam while the tokenizer loads
+
+    run(cfg, tokenizer)
     return 0
 
 

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import apache_beam as beam
@@ -368,10 +369,12 @@ def clear_previous(output: str) -> None:
         delete_tree(FileSystems.join(output, name))
 
 
-def run(cfg: PreprocessConfig) -> dict[str, Any]:
-    """Validate, run the pipeline to completion, print the summary; returns the manifest."""
+def run(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> dict[str, Any]:
+    """Validate, run the pipeline to completion, print the summary; returns the manifest.
+
+    ``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    plan = preflight(cfg)
+    plan = preflight(cfg, tokenizer)
     clear_previous(plan.output)
     log.info(
         "preprocessing %d files (%.1f MB) into %s with %s",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,6 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.config import ConfigError
-from common.tokenizer import load_tokenizer, tokenizer_identity
 from preprocessing.config import PreprocessConfig
 from preprocessing.manifest import MANIFEST
 from preprocessing.packing import tokenizer_dtype
@@ -96,11 +96,12 @@ def check_beam_options(options: dict[str, Any]) -> None:
             raise ConfigError(f"beam.{key}: not a Beam pipeline option")
 
 
-def preflight(cfg: PreprocessConfig) -> RunPlan:
+def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> RunPlan:
+    """``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
     check_beam_options(cfg.beam_options())
     files, input_bytes = resolve_inputs(cfg.input)
-    tokenizer = load_tokenizer(cfg.tokenizer)
-    identity = tokenizer_identity(tokenizer, cfg.tokenizer)
+    described = tokenizer.result()
+    identity = described["identity"]
     ids = identity["special_token_ids"]
     missing = [name for name in ("cls", "sep", "pad") if name not in ids]
     if missing:
@@ -117,5 +118,5 @@ def preflight(cfg: PreprocessConfig) -> RunPlan:
         sep_id=ids["sep"],
         pad_id=ids["pad"],
         num_buckets=max(MIN_BUCKETS, math.ceil(input_bytes / cfg.bucket_input_bytes)),
-        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        tokenizer_json=described["json"],
     )

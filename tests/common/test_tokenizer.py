@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError
-from common.tokenizer import load_tokenizer, tokenizer_identity
+from common.tokenizer import describe_tokenizer_in_background, load_tokenizer, tokenizer_identity
 
 
 def test_identity_survives_a_save_roundtrip(bert_tokenizer_dir, tmp_path):
@@ -26,3 +26,12 @@ def test_fingerprint_ignores_call_time_truncation_and_padding(bert_tokenizer_dir
     before = tokenizer_identity(tok, "x")["fingerprint"]
     tok(["some text", "more"], truncation=True, max_length=8, padding="max_length")
     assert tokenizer_identity(tok, "x")["fingerprint"] == before
+
+
+def test_a_child_process_describes_the_tokenizer_as_this_process_would(bert_tokenizer_dir, tmp_path):
+    described = describe_tokenizer_in_background(str(bert_tokenizer_dir)).result(timeout=120)
+    tok = load_tokenizer(str(bert_tokenizer_dir))
+    assert described["identity"] == tokenizer_identity(tok, str(bert_tokenizer_dir))
+    assert described["json"] == tok.backend_tokenizer.to_str()
+    with pytest.raises(ConfigError, match="tokenizer: cannot load"):
+        describe_tokenizer_in_background(str(tmp_path / "nope")).result(timeout=120)
