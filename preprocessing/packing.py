@@ -74,10 +74,13 @@ def pack_sequences(stream: np.ndarray, max_seq_len: int, cls_id: int, pad_id: in
     """[CLS] + consecutive ``max_seq_len - 1`` stream tokens per row; only the last row is padded."""
     content = max_seq_len - 1
     rows = -(-len(stream) // content)
-    body = np.full(rows * content, pad_id, dtype=stream.dtype)
-    body[: len(stream)] = stream
-    cls = np.full((rows, 1), cls_id, dtype=stream.dtype)
-    return np.concatenate([cls, body.reshape(rows, content)], axis=1)
+    full = len(stream) // content
+    sequences = np.full((rows, max_seq_len), pad_id, dtype=stream.dtype)
+    sequences[:, 0] = cls_id
+    sequences[:full, 1:] = stream[: full * content].reshape(full, content)
+    rest = stream[full * content :]
+    sequences[full:, 1 : 1 + len(rest)] = rest  # the last, partial row (if any)
+    return sequences
 
 
 def token_frequencies(sequences: np.ndarray, vocab_size: int, pad_id: int) -> np.ndarray:

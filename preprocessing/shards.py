@@ -33,30 +33,38 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
-    """The shard's bytes: exactly what ``tarfile`` writes (ustar), built from one header template.
+    """The shard's bytes: exactly what ``tarfile`` writes (ustar), assembled as one array.
 
-    Every member has the same size and metadata, so only its name and header checksum change:
-    patching a template is ~10x faster than ``tarfile.addfile`` per member, which dominated
-    shard writing.
+    Every member has the same size and metadata, so member *i* is one header template with
+    its name and checksum patched in, the ``.npy`` header (the same for every row) and row *i*:
+    rows of one ``uint8`` matrix, filled column block by column block. ``tarfile.addfile`` per
+    member was 30x slower, and 40,000 small ``bytes`` per shard fragmented the workers' heap.
     """
-    if not len(sequences):
+    rows = len(sequences)
+    if not rows:
         return _tar_end(0)
-    npy_header = npy_bytes(sequences[0])[: -sequences[0].nbytes]  # the same for every row
+    npy_header = np.frombuffer(npy_bytes(sequences[0])[: -sequences[0].nbytes], dtype=np.uint8)
     size = len(npy_header) + sequences[0].nbytes
-    template = bytearray(_member_header(sample_key(split, shard, 0), size))
-    template[:100] = bytes(100)  # the name goes here
-    template[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
-    checksum = sum(template)  # + the name's bytes
-    padding = bytes(-size % tarfile.BLOCKSIZE)
-    parts: list[bytes] = []
-    for i, row in enumerate(sequences):
-        name = f"{sample_key(split, shard, i)}.input_ids.npy".encode()
-        header = template.copy()
-        header[: len(name)] = name
-        header[148:155] = b"%06o\0" % (checksum + sum(name))
-        parts += (header, npy_header, row.tobytes(), padding)
-    written = sum(len(part) for part in parts)
-    return b"".join(parts) + _tar_end(written)
+    template = np.frombuffer(_member_header(sample_key(split, shard, 0), size), dtype=np.uint8).copy()
+    template[:100] = 0  # the name goes here
+    template[148:156] = ord(" ")  # the checksum is computed with its own field as spaces
+    names = [f"{sample_key(split, shard, i)}.input_ids.npy".encode() for i in range(rows)]
+    name_field = np.array(names, dtype="S100").view(np.uint8).reshape(rows, 100)
+    checksums = int(template.sum()) + name_field.sum(axis=1, dtype=np.int64)
+
+    member = tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
+    end = _tar_end(rows * member)
+    flat = np.zeros(rows * member + len(end), dtype=np.uint8)
+    members = flat[: rows * member].reshape(rows, member)
+    members[:, : tarfile.BLOCKSIZE] = template
+    members[:, :100] = name_field
+    octal_digits = (checksums[:, None] >> np.arange(15, -1, -3)) & 7  # "%06o", then a NUL
+    members[:, 148:154] = ord("0") + octal_digits
+    members[:, 154] = 0
+    data = tarfile.BLOCKSIZE + len(npy_header)
+    members[:, tarfile.BLOCKSIZE : data] = npy_header
+    members[:, data : tarfile.BLOCKSIZE + size] = np.ascontiguousarray(sequences).view(np.uint8).reshape(rows, -1)
+    return flat.tobytes()
 
 
 def _member_header(key: str, size: int) -> bytes:
