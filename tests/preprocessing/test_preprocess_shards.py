@@ -36,7 +36,8 @@ def tarfile_reference(split: str, shard: int, sequences: np.ndarray) -> bytes:
 
 
 def test_tar_bytes_equal_what_tarfile_writes():
-    for rows, width, dtype in [(3, 8, np.uint16), (1, 4, np.int32), (37, 64, np.uint16), (1234, 16, np.int32), (0, 8, np.uint16)]:
+    cases = [(3, 8, np.uint16), (1, 4, np.int32), (37, 64, np.uint16), (1234, 16, np.int32), (0, 8, np.uint16)]
+    for rows, width, dtype in cases:
         sequences = np.arange(rows * width, dtype=dtype).reshape(rows, width)
         assert tar_bytes("valid", 12, sequences) == tarfile_reference("valid", 12, sequences), (rows, width)
 
