@@ -37,8 +37,8 @@ def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
 
     Every member has the same size and metadata, so member *i* is one header template with
     its name and checksum patched in, the ``.npy`` header (the same for every row) and row *i*:
-    rows of one ``uint8`` matrix, filled column block by column block. ``tarfile.addfile`` per
-    member was 30x slower, and 40,000 small ``bytes`` per shard fragmented the workers' heap.
+    rows of one ``uint8`` matrix, filled column block by column block: 13x faster than
+    ``tarfile.addfile`` per member, 2x faster than patching a header per member (measured).
     """
     rows = len(sequences)
     if not rows:
