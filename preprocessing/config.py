@@ -19,6 +19,7 @@ LOGGING_DEFAULTS: dict[str, Any] = {
     "default_sdk_harness_log_level": "WARNING",
     "sdk_harness_log_level_overrides": {"preprocessing": "INFO"},
 }
+DIRECT_RUNNERS = ("DirectRunner", "direct")
 DIRECT_DEFAULTS: dict[str, Any] = {
     "runner": "DirectRunner",
     "direct_running_mode": "multi_processing",
@@ -80,7 +81,6 @@ class PreprocessConfig:
     def beam_options(self) -> dict[str, Any]:
         """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the
         DirectRunner defaults."""
-        runner = self.beam.get("runner", "DirectRunner")
-        if runner in ("DirectRunner", "direct"):
+        if self.beam.get("runner", "DirectRunner") in DIRECT_RUNNERS:
             return {**LOGGING_DEFAULTS, **DIRECT_DEFAULTS, **self.beam}
         return {**LOGGING_DEFAULTS, **self.beam}

@@ -38,11 +38,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineRunner
 
 from common.config import to_dict
 from preprocessing.cleaning import clean_text
-from preprocessing.config import PreprocessConfig
+from preprocessing.config import DIRECT_RUNNERS, PreprocessConfig
 from preprocessing.manifest import (
     MANIFEST,
     SPLITS,
@@ -369,6 +370,26 @@ def clear_previous(output: str) -> None:
         delete_tree(FileSystems.join(output, name))
 
 
+def make_runner(options: PipelineOptions) -> PipelineRunner | str:
+    """The runner ``beam.runner`` names; for the DirectRunner, the FnApiRunner it would end up on.
+
+    Beam's DirectRunner first tries the Prism runner, which downloads a binary at run time and
+    has no multi-processing mode: offline that is a failed download on every run, online a
+    silent change of runner. The FnApiRunner, set up here as the DirectRunner sets it up when
+    it falls back (the pipeline options travel to the workers), runs the configured
+    ``direct_running_mode`` and ``direct_num_workers``."""
+    name = options.view_as(StandardOptions).runner
+    if name not in DIRECT_RUNNERS:
+        return name
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    provision = beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision))
+
+
 def run(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> dict[str, Any]:
     """Validate, run the pipeline to completion, print the summary; returns the manifest.
 
@@ -384,7 +405,8 @@ def run(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> dict[str, A
         cfg.beam_options(),
     )
     started = time.monotonic()
-    with beam.Pipeline(options=PipelineOptions(flags=[], **cfg.beam_options())) as pipeline:
+    options = PipelineOptions(flags=[], **cfg.beam_options())
+    with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
         build_pipeline(pipeline, cfg, plan)
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)

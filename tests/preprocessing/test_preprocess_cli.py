@@ -5,12 +5,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 
 from common.cli import run_cli
 from common.config import load_config
 from preprocessing.__main__ import main
 from preprocessing.config import PreprocessConfig
+from preprocessing.pipeline import make_runner
 from preprocessing.preflight import resolve_inputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +93,25 @@ def test_example_config_and_overrides():
         PreprocessConfig, overrides=["input=[a.txt]", "tokenizer=t", "output=o", "beam.runner=FlinkRunner"]
     )
     assert "direct_num_workers" not in flink.beam_options()
+
+
+def test_direct_runner_runs_the_configured_workers_not_prism(tmp_path):
+    """The DirectRunner would first try Prism (a binary downloaded at run time); the local
+    runner is its FnApiRunner, with the pipeline options for its worker processes."""
+    cfg = load_config(PreprocessConfig, overrides=["input=[a.txt]", "tokenizer=t", "output=o"])
+    options = PipelineOptions(flags=[], **cfg.beam_options())
+    runner = make_runner(options)
+    assert isinstance(runner, FnApiRunner)
+    encoded = runner._provision_info.provision_info.pipeline_options
+    assert encoded["beam:option:direct_running_mode:v1"] == "multi_processing"
+    assert encoded["beam:option:direct_num_workers:v1"] == str(os.cpu_count())
+    with beam.Pipeline(runner=runner, options=options) as pipeline:
+        pids = pipeline | beam.Create([1, 2, 3]) | beam.Map(lambda _: os.getpid())
+        _ = pids | beam.io.WriteToText(str(tmp_path / "pids"))
+    pids = [int(line) for path in tmp_path.glob("pids*") for line in path.read_text().split()]
+    assert len(pids) == 3 and os.getpid() not in pids  # ran in worker processes
+    dataflow = cfg.beam | {"runner": "DataflowRunner", "project": "p"}
+    assert make_runner(PipelineOptions(flags=[], **dataflow)) == "DataflowRunner"
 
 
 def test_inputs_are_dealt_largest_first(tmp_path):
