@@ -69,7 +69,7 @@ def describe_tokenizer(name_or_path: str) -> dict[str, Any]:
 def describe_tokenizer_in_background(name_or_path: str) -> Future[dict[str, Any]]:
     """:func:`describe_tokenizer` in a fresh child process.
 
-    transformers imports torch to resolve any tokenizer (1.7 s and 283 MB here); in a child it
+    transformers imports torch to resolve any tokenizer (1.6-1.8 s and 283 MB here); in a child it
     overlaps whatever the caller imports meanwhile, and torch never enters the caller. The child
     leaves with ``os._exit`` as soon as it has answered: an orderly exit, tearing torch down,
     costs another 0.5 CPU-s that would compete with the caller's own start-up (measured).
