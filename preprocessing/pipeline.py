@@ -371,13 +371,12 @@ def clear_previous(output: str) -> None:
 
 
 def make_runner(options: PipelineOptions) -> PipelineRunner | str:
-    """The runner ``beam.runner`` names; for the DirectRunner, the FnApiRunner it would end up on.
+    """The runner ``beam.runner`` names; for the DirectRunner, the FnApiRunner it falls back to.
 
-    Beam's DirectRunner first tries the Prism runner, which downloads a binary at run time and
-    has no multi-processing mode: offline that is a failed download on every run, online a
-    silent change of runner. The FnApiRunner, set up here as the DirectRunner sets it up when
-    it falls back (the pipeline options travel to the workers), runs the configured
-    ``direct_running_mode`` and ``direct_num_workers``."""
+    Beam's DirectRunner first tries the Prism runner, a binary it downloads at run time:
+    offline that is a failed download on every run, online a silent change of runner. The
+    FnApiRunner, set up here as the DirectRunner sets it up (the pipeline options travel to
+    the workers), runs the configured ``direct_running_mode`` and ``direct_num_workers``."""
     name = options.view_as(StandardOptions).runner
     if name not in DIRECT_RUNNERS:
         return name
