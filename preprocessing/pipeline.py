@@ -42,6 +42,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineRunner
 
 from common.config import to_dict
+from common.fast_exit import skip_final_collection
 from preprocessing.cleaning import clean_text
 from preprocessing.config import DIRECT_RUNNERS, PreprocessConfig
 from preprocessing.manifest import (
@@ -92,7 +93,16 @@ def read_file(path: str, start: int = 0, stop: int | None = None) -> bytes:
         return handle.read() if stop is None else handle.read(stop - start)
 
 
-class ReadAndClean(beam.DoFn):
+class WorkerDoFn(beam.DoFn):
+    """Base of this pipeline's steps: the worker processes running them exit without the last
+    garbage collection (:mod:`common.fast_exit`). The DirectRunner stops its workers one after
+    the other; this took its shutdown from 0.55 to 0.1 s at 1x (measured)."""
+
+    def setup(self) -> None:
+        skip_final_collection()
+
+
+class ReadAndClean(WorkerDoFn):
     """Stage 1: an input file -> ``(bucket, (spill path, start byte, stop byte))`` references
     (+ counters on the ``counts`` tag).
 
@@ -164,7 +174,7 @@ def parse_records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
         offset += length
 
 
-class TokenizeBucket(beam.DoFn):
+class TokenizeBucket(WorkerDoFn):
     """Stage 2: ``(bucket, spill ranges)`` -> ``(split, (bucket, n_tokens, stream path))``."""
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
@@ -173,6 +183,7 @@ class TokenizeBucket(beam.DoFn):
 
     def setup(self) -> None:
         """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
+        super().setup()
         self.core = core_from_json(self.plan.tokenizer_json)
         self.dtype = np.dtype(self.plan.dtype)
 
@@ -252,7 +263,7 @@ def read_slice(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(read_file(path, start * dtype.itemsize, stop * dtype.itemsize), dtype=dtype)
 
 
-class WriteShard(beam.DoFn):
+class WriteShard(WorkerDoFn):
     """Stage 4: a ShardTask -> ``(split, manifest entry)`` and, for train, its token counts."""
 
     TOKEN_COUNTS = "token_counts"
