@@ -86,23 +86,23 @@ def describe_tokenizer_in_background(name_or_path: str) -> Future[dict[str, Any]
 
 def _describe_and_exit(sender: Connection, name_or_path: str) -> None:
     try:
-        answer: tuple[dict[str, Any] | None, Exception | None] = (describe_tokenizer(name_or_path), None)
+        sender.send(describe_tokenizer(name_or_path))
     except Exception as err:  # handed to the caller, which raises it
-        answer = (None, err)
-    sender.send(answer)
+        sender.send(err)
     sender.close()
     os._exit(0)
 
 
 def _deliver(receiver: Connection, child: BaseProcess, future: Future[dict[str, Any]]) -> None:
+    """The child's answer (a description or an exception) into ``future``."""
     try:
-        result, error = receiver.recv()
-    except EOFError:
-        result, error = None, None
+        answer = receiver.recv()
+    except EOFError:  # the child died before answering
+        answer = None
     child.join()
-    if result is None and error is None:
-        future.set_exception(ConfigError(f"tokenizer: the process loading it died (exit code {child.exitcode})"))
-    elif error is None:
-        future.set_result(result)
+    if answer is None:
+        answer = ConfigError(f"tokenizer: the process loading it died (exit code {child.exitcode})")
+    if isinstance(answer, Exception):
+        future.set_exception(answer)
     else:
-        future.set_exception(error)
+        future.set_result(answer)
