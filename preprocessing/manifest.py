@@ -17,6 +17,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKEN_COUNTS = "token_counts.npy"
 SPLITS = ("train", "valid")
+WORK_DIR = ".work"
+"""Intermediate files of a run (spills, token streams, the tokenizer), removed once the manifest is out."""
 
 
 def nest_counts(counts: dict[str, int]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from preprocessing.manifest import (
     MANIFEST,
     SPLITS,
     TOKEN_COUNTS,
+    WORK_DIR,
     build_manifest,
     read_manifest,
     summary_table,
@@ -73,7 +74,6 @@ from preprocessing.shards import npy_bytes, write_atomic, write_shard
 
 log = logging.getLogger("preprocessing")
 COUNTS = "counts"
-WORK_DIR = ".work"
 _LENGTH = struct.Struct("<I")
 
 
@@ -184,7 +184,7 @@ class TokenizeBucket(WorkerDoFn):
     def setup(self) -> None:
         """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
         super().setup()
-        self.core = core_from_json(self.plan.tokenizer_json)
+        self.core = core_from_json(read_file(self.plan.tokenizer_file).decode("utf-8"))
         self.dtype = np.dtype(self.plan.dtype)
 
     def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
@@ -405,8 +405,9 @@ def run(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> dict[str, A
 
     ``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    plan = preflight(cfg, tokenizer)
+    plan, tokenizer_json = preflight(cfg, tokenizer)
     clear_previous(plan.output)
+    write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
     log.info(
         "preprocessing %d files (%.1f MB) into %s with %s",
         len(plan.files),

@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.config import ConfigError
 from preprocessing.config import PreprocessConfig
-from preprocessing.manifest import MANIFEST
+from preprocessing.manifest import MANIFEST, WORK_DIR
 from preprocessing.packing import tokenizer_dtype
 from preprocessing.readers import detect_format
 
@@ -43,9 +43,12 @@ class RunPlan:
     sep_id: int
     pad_id: int
     num_buckets: int
-    tokenizer_json: str
-    """The fast tokenizer's serialised Rust core: workers rebuild it with ``tokenizers`` alone
-    (``packing.core_from_json``) instead of importing transformers and re-resolving the name."""
+    tokenizer_file: str
+    """Where the run keeps the fast tokenizer's serialised Rust core (under the work directory):
+    workers rebuild it with ``tokenizers`` alone (``packing.core_from_json``) instead of
+    importing transformers and re-resolving the name. A file, not a field: every step carries
+    the plan in its pickled payload, and the JSON is 0.5 MB for BERT's vocabulary, several MB
+    for large multilingual ones. Only the tokenizing step needs it."""
 
 
 def absolute(path: str) -> str:
@@ -96,8 +99,10 @@ def check_beam_options(options: dict[str, Any]) -> None:
             raise ConfigError(f"beam.{key}: not a Beam pipeline option")
 
 
-def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> RunPlan:
-    """``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
+def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> tuple[RunPlan, str]:
+    """The plan and the tokenizer's serialised core, for ``plan.tokenizer_file``.
+
+    ``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
     check_beam_options(cfg.beam_options())
     files, input_bytes = resolve_inputs(cfg.input)
     described = tokenizer.result()
@@ -108,7 +113,7 @@ def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> RunPl
         raise ConfigError(f"tokenizer: {cfg.tokenizer!r} defines no {', '.join(missing)} token")
     output = absolute(cfg.output)
     check_output(output, cfg.overwrite)
-    return RunPlan(
+    plan = RunPlan(
         files=files,
         input_bytes=input_bytes,
         output=output,
@@ -118,5 +123,6 @@ def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> RunPl
         sep_id=ids["sep"],
         pad_id=ids["pad"],
         num_buckets=max(MIN_BUCKETS, math.ceil(input_bytes / cfg.bucket_input_bytes)),
-        tokenizer_json=described["json"],
+        tokenizer_file=FileSystems.join(output, WORK_DIR, "tokenizer.json"),
     )
+    return plan, described["json"]

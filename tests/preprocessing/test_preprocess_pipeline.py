@@ -9,14 +9,21 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
 import pytest
 import webdataset as wds
+from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import TINY_DATASET_SETTINGS, build_dataset
 from transformers import AutoTokenizer
 
+from common.config import load_config
+from common.tokenizer import describe_tokenizer_in_background
 from preprocessing.cleaning import clean_text
+from preprocessing.config import PreprocessConfig
 from preprocessing.packing import document_hash, hash_split
+from preprocessing.pipeline import build_pipeline
+from preprocessing.preflight import preflight
 
 pytestmark = pytest.mark.integration
 SPLITS = ("train", "valid")
@@ -161,3 +168,16 @@ def test_worker_count_does_not_change_a_byte(tiny_dataset_dir, one_worker_dir):
 def test_overwrite_removes_what_the_new_dataset_does_not_list(one_worker_dir):
     assert not (one_worker_dir / "train" / "shard-000099.tar").exists()
     assert not (one_worker_dir / ".work").exists()
+
+
+def test_the_pipeline_graph_does_not_carry_the_tokenizer(tmp_path, bert_tokenizer_dir, sample_corpus):
+    """Every step's pickled payload holds the plan: the tokenizer (0.5 MB of JSON here) goes
+    through a work file instead, read only by the step that tokenizes."""
+    overrides = [f"input=[{sample_corpus}]", f"tokenizer={bert_tokenizer_dir}", f"output={tmp_path}"]
+    cfg = load_config(PreprocessConfig, overrides=overrides)
+    plan, tokenizer_json = preflight(cfg, describe_tokenizer_in_background(cfg.tokenizer))
+    pipeline = beam.Pipeline(options=PipelineOptions(flags=[]))
+    build_pipeline(pipeline, cfg, plan)
+    graph = pipeline.to_runner_api().SerializeToString()
+    assert len(tokenizer_json) > 400_000
+    assert len(graph) < len(tokenizer_json) / 4
