@@ -10,7 +10,7 @@ non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on t
 student runs under autocast in ``deepspeed.precision`` (bf16/fp16) with float32 weights, as
 DeepSpeed's mixed precision does; the teacher runs in that dtype.
 
-MFU = tokens/s x model FLOPs per token (``trainer.distiller.step_flops_per_token``, the figure
+MFU = tokens/s x model FLOPs per token (``trainer.objective.distiller.step_flops_per_token``, the figure
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
 peak of a known GPU, else (CPU) a measured large-matmul rate in the same dtype, which makes the
 CPU figure "fraction of what this machine's matmul achieves", not of a datasheet number.
@@ -41,8 +41,6 @@ from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
 from trainer.config import TrainConfig
-from trainer.distiller import Distiller, step_flops_per_token, validate_against_teacher
-from trainer.masking import DynamicMasker, seeded_generator
 from trainer.modeling import (
     build_student,
     load_teacher,
@@ -50,6 +48,8 @@ from trainer.modeling import (
     model_from_config,
     training_dtype,
 )
+from trainer.objective.distiller import Distiller, step_flops_per_token, validate_against_teacher
+from trainer.objective.masking import DynamicMasker, seeded_generator
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
 GPU_PEAK_BF16 = {

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import run_cli
-from trainer.train import main
+from trainer.commands.train import main
 
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
 sys.exit(run_cli(main, args))

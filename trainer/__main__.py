@@ -12,13 +12,13 @@ import sys
 from common.cli import run_cli
 
 COMMANDS = {
-    "train": ("trainer.train", "distil a student (normally started by `deepspeed launch/run.sh`)"),
-    "plan": ("trainer.plan", "validate a config and size the run without training"),
-    "export": ("trainer.export", "write a Hugging Face model directory from a checkpoint"),
-    "pull": ("trainer.pull", "download a registered student (models:/NAME@ALIAS) to a directory"),
-    "finetune": ("trainer.finetune", "fine-tune a student on a text-classification dataset"),
-    "register": ("trainer.registry", "register an exported student in the MLflow model registry"),
-    "promote": ("trainer.registry", "point an alias at a registered student version"),
+    "train": ("trainer.commands.train", "distil a student (normally started by `deepspeed launch/run.sh`)"),
+    "plan": ("trainer.commands.plan", "validate a config and size the run without training"),
+    "export": ("trainer.commands.export", "write a Hugging Face model directory from a checkpoint"),
+    "pull": ("trainer.tracking.pull", "download a registered student (models:/NAME@ALIAS) to a directory"),
+    "finetune": ("trainer.commands.finetune", "fine-tune a student on a text-classification dataset"),
+    "register": ("trainer.tracking.registry", "register an exported student in the MLflow model registry"),
+    "promote": ("trainer.tracking.registry", "point an alias at a registered student version"),
 }
 
 

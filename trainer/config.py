@@ -117,7 +117,7 @@ class ObjectiveConfig:
     mse: float = 0.0  # MSE between student and teacher logits
     temperature: float = 2.0
     ce_positions: Literal["masked", "all"] = "masked"
-    # Intermediate-layer distillation (trainer/layer_distillation.py), combinable with the terms above.
+    # Intermediate-layer distillation (trainer/objective/layer_distillation.py), combinable with the terms above.
     tinybert: TinyBertConfig = field(default_factory=TinyBertConfig)
     pkd: PkdConfig = field(default_factory=PkdConfig)
     minilm: MiniLmConfig = field(default_factory=MiniLmConfig)
@@ -214,7 +214,7 @@ class LoggingConfig:
 
 @dataclasses.dataclass
 class MlflowConfig:
-    """MLflow tracking and registry (``trainer/tracking.py``, ``trainer/registry.py``, docs/mlflow.md).
+    """MLflow tracking and registry (``trainer/tracking/tracker.py``, ``trainer/tracking/registry.py``, docs/mlflow.md).
 
     Tracking never stops training: while the server is unreachable, metrics wait in memory and
     a background thread retries with exponential backoff (``retry_initial_s`` doubling up to

@@ -64,7 +64,7 @@ def load_teacher(name_or_path: str, dtype: torch.dtype) -> PreTrainedModel:
 
     A checkpoint with an MLM head loads as ``AutoModelForMaskedLM``; an encoder-only one (no
     head) as ``AutoModel``, and then only losses that need no teacher logits are possible (see
-    :func:`trainer.distiller.validate_against_teacher`). Any weight missing from the checkpoint
+    :func:`trainer.objective.distiller.validate_against_teacher`). Any weight missing from the checkpoint
     (other than an unused pooler) is an error: a teacher must never be partly random.
 
     To derive a bf16 student without rounding its initial weights, load the teacher in float32,

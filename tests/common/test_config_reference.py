@@ -8,8 +8,8 @@ import typing
 from pathlib import Path
 
 from preprocessing.config import PreprocessConfig
+from trainer.commands.finetune import FinetuneConfig
 from trainer.config import TrainConfig
-from trainer.finetune import FinetuneConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

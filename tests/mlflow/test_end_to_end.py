@@ -18,7 +18,7 @@ import yaml
 
 from common.config import flatten, load_config, to_dict
 from trainer.config import TrainConfig
-from trainer.tracking import dataset_fingerprint
+from trainer.tracking.tracker import dataset_fingerprint
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    from trainer.finetune import FinetuneConfig, finetune
+    from trainer.commands.finetune import FinetuneConfig, finetune
 
     uri = mlflow_server.uri
     settings = ["max_steps=10", "logging.every_steps=1", "eval.every_steps=5", "checkpoint.every_steps=5"]

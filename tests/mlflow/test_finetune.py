@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.config import ConfigError, load_config
-from trainer.finetune import FinetuneConfig, finetune, hold_out, read_dataset
+from trainer.commands.finetune import FinetuneConfig, finetune, hold_out, read_dataset
 
 DOCS = Path(__file__).resolve().parents[1] / "data" / "docs-classification.jsonl"
 

@@ -17,8 +17,8 @@ def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, tr
     from mlflow.entities import Metric, RunTag
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from trainer.pull import pull
-    from trainer.registry import register_student
+    from trainer.tracking.pull import pull
+    from trainer.tracking.registry import register_student
 
     uri = mlflow_server.uri
     client = MlflowClient(uri)

@@ -11,7 +11,7 @@ import yaml
 
 from common.config import flatten, load_config, to_dict
 from trainer.config import TrainConfig
-from trainer.tracking import Tracker, dataset_fingerprint
+from trainer.tracking.tracker import Tracker, dataset_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForMaskedLM, BertModel, RobertaConfig, RobertaForMaskedLM
 
-from trainer.capture import CaptureSpec, capture, encoder_parts
-from trainer.layer_losses import scaled_relation
+from trainer.objective.capture import CaptureSpec, capture, encoder_parts
+from trainer.objective.layer_losses import scaled_relation
 
 SHAPE = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64, vocab_size=120)
 
@@ -89,9 +89,9 @@ def test_distiller_layer_terms_equal_a_direct_computation():
     """The Distiller's layer terms, recomputed from ``output_hidden_states`` and the layers' own Q/K/V linears."""
     from common.config import load_config
     from trainer.config import ObjectiveConfig, StudentConfig
-    from trainer.distiller import Distiller
-    from trainer.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl
     from trainer.modeling import build_student
+    from trainer.objective.distiller import Distiller
+    from trainer.objective.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl
 
     teacher = build(BertForMaskedLM, BertConfig)
     settings = ["ce=1", "mlm=1", "cos=0", "tinybert.embedding=1", "tinybert.hidden=2", "tinybert.attention=3"]

@@ -9,9 +9,9 @@ import pytest
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from common.config import ConfigError
-from trainer.checkpoint import checkpoint_dirs, latest_tag, prune, tag_for
-from trainer.export import resolve_checkpoint, save_student
-from trainer.metrics import truncate_after
+from trainer.commands.export import resolve_checkpoint, save_student
+from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, tag_for
+from trainer.runtime.metrics import truncate_after
 
 
 def make_checkpoints(root: Path, steps: list[int], latest: int | None = None) -> None:

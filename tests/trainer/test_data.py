@@ -13,7 +13,7 @@ import torch
 
 from common.config import ConfigError
 from common.tokenizer import load_tokenizer, tokenizer_identity
-from trainer.data import (
+from trainer.runtime.data import (
     SlotStream,
     TrainLoader,
     TrainStream,

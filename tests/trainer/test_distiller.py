@@ -14,9 +14,9 @@ from transformers import PreTrainedModel
 
 from common.config import ConfigError, load_config
 from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TrainConfig
-from trainer.distiller import Distiller, eval_metrics, step_flops_per_token, validate_against_teacher
-from trainer.masking import DynamicMasker, seeded_generator
 from trainer.modeling import build_student, load_teacher, load_teacher_config
+from trainer.objective.distiller import Distiller, eval_metrics, step_flops_per_token, validate_against_teacher
+from trainer.objective.masking import DynamicMasker, seeded_generator
 
 SPECIALS = [0, 100, 101, 102, 103]  # bert-base-uncased [PAD] [UNK] [CLS] [SEP] [MASK]
 

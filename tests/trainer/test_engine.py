@@ -9,7 +9,7 @@ import pytest
 
 from common.config import ConfigError, load_config
 from trainer.config import TrainConfig
-from trainer.engine import deepspeed_config
+from trainer.runtime.engine import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer.export import load_student
+from trainer.commands.export import load_student
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,16 @@ import torch
 from transformers import BertConfig
 
 from common.config import ConfigError, load_config
-from trainer.capture import Captured
 from trainer.config import ObjectiveConfig
-from trainer.layer_distillation import LayerDistillation, pkd_layer_map, uniform_layer_map
-from trainer.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl, scaled_relation
+from trainer.objective.capture import Captured
+from trainer.objective.layer_distillation import LayerDistillation, pkd_layer_map, uniform_layer_map
+from trainer.objective.layer_losses import (
+    attention_score_mse,
+    hidden_mse,
+    pkd_patient_loss,
+    relation_kl,
+    scaled_relation,
+)
 
 # Two sequences of length 5; the second has two padded positions.
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
+from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
 
 # Two sequences x three positions x a vocabulary of 5; the last position of the second sequence is not valid.
 STUDENT = torch.tensor(

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 from common.config import ConfigError
 from common.tokenizer import load_tokenizer
 from trainer.config import MaskingConfig
-from trainer.masking import DynamicMasker, max_masked, seeded_generator, word_continuations
+from trainer.objective.masking import DynamicMasker, max_masked, seeded_generator, word_continuations
 
 ROBERTA_SPECIALS = {
     "bos": "<s>",

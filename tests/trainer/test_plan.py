@@ -9,8 +9,8 @@ import pytest
 
 from common.cli import run_cli
 from common.config import ConfigError
-from trainer import plan
 from trainer.__main__ import main as trainer_main
+from trainer.commands import plan
 
 REPO = Path(__file__).resolve().parents[2]
 BERT_BASE = REPO / "configs" / "teachers" / "bert-base-uncased"

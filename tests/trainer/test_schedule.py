@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from trainer.schedule import build_scheduler, lr_factor, warmup_steps
+from trainer.runtime.optim import build_scheduler, lr_factor, warmup_steps
 
 
 def test_warmup_then_linear_decay() -> None:

@@ -39,7 +39,7 @@ from trainer.config import MlflowConfig, TrainConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BATCH = 1000  # MLflow's limit of metrics per log_batch request
 PARAM_BATCH = 100  # ... and of params
 
@@ -199,7 +199,7 @@ class Tracker:
 
     def register(self, student_dir: Path) -> None:
         """Register the exported student (retrying); on failure, say how to do it later."""
-        from trainer.registry import register_command, register_student
+        from trainer.tracking.registry import register_command, register_student
 
         try:
             if self.run_id is None or self.setup:

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import TrainConfig
-from trainer.data import Dataset, padding_mask, valid_batches
-from trainer.distiller import Distiller, eval_metrics
-from trainer.engine import Distributed
-from trainer.masking import DynamicMasker, seeded_generator
+from trainer.objective.distiller import Distiller, eval_metrics
+from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.runtime.data import Dataset, padding_mask, valid_batches
+from trainer.runtime.engine import Distributed
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from deepspeed.accelerator import get_accelerator
 
 from common.config import ConfigError
 from trainer.config import TrainConfig
-from trainer.schedule import build_scheduler
+from trainer.runtime.optim import build_scheduler
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 YAML_OWNED_KEYS = (
     "train_batch_size",
     "train_micro_batch_size_per_gpu",

@@ -1,7 +1,7 @@
 """``python -m trainer pull MODEL_URI DEST``: a registered student as a plain Hugging Face directory.
 
 ``MODEL_URI`` is ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` (any MLflow model URI of a
-student logged by ``trainer.registry``). MLflow's transformers flavor stores the weights and
+student logged by ``trainer.tracking.registry``). MLflow's transformers flavor stores the weights and
 config under ``model/`` and the tokenizer under ``components/tokenizer/``; DEST gets both side by
 side, so ``AutoModelForMaskedLM`` / ``AutoModelForSequenceClassification`` / ``AutoTokenizer``
 load it with ``from_pretrained(DEST)``. DEST appears complete or not at all (temp dir + rename).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.config import ConfigError
 from trainer.config import MlflowConfig
-from trainer.tracking import limit_http_retries, resolve_tracking_uri
+from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

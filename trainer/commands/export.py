@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
-from trainer.checkpoint import HF_DIR, checkpoint_dirs, latest_tag, step_of
+from trainer.runtime.checkpoint import HF_DIR, checkpoint_dirs, latest_tag, step_of
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import yaml
 from common.cli import split_config_args
 from common.config import ConfigError, flatten, load_config, require, to_dict
 from trainer.config import MlflowConfig
-from trainer.schedule import build_scheduler
-from trainer.tracking import RunSpec, Tracker
+from trainer.runtime.optim import build_scheduler
+from trainer.tracking.tracker import RunSpec, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +262,8 @@ def resolve_model(cfg: FinetuneConfig, scratch: Path) -> tuple[Path, dict[str, s
         if not (path / "config.json").is_file():
             raise ConfigError(f"model: {path} is not a Hugging Face model directory (no config.json)")
         return path, {"model_uri": str(path)}
-    from trainer.pull import SOURCE_FILE, pull
-    from trainer.tracking import resolve_tracking_uri
+    from trainer.tracking.pull import SOURCE_FILE, pull
+    from trainer.tracking.tracker import resolve_tracking_uri
 
     pull(cfg.model, scratch, resolve_tracking_uri(cfg.mlflow))
     return scratch, json.loads((scratch / SOURCE_FILE).read_text(encoding="utf-8"))

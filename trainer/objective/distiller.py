@@ -9,7 +9,7 @@ forward under ``no_grad``. The caller moves it to the device (``teacher.to(devic
 One step computes only what the weighted terms need (a zero weight means not computed):
 
 * the teacher runs at all only if a term compares with it;
-* layer terms (TinyBERT, PKD, MiniLM; see ``trainer.layer_distillation``) capture only the
+* layer terms (TinyBERT, PKD, MiniLM; see ``trainer.objective.layer_distillation``) capture only the
   mapped layers' tensors, and their projections are the only parameters added besides the student;
 * vocabulary logits are computed only where a loss reads them: at the masked positions (a fixed
   budget of ``ceil(p * seq)`` slots per sequence, see :func:`masked_positions`), or at every
@@ -32,12 +32,12 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
-from trainer.capture import capture
 from trainer.config import ObjectiveConfig, TrainConfig
-from trainer.layer_distillation import LayerDistillation, layer_term_weights
-from trainer.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
-from trainer.masking import IGNORE_INDEX, max_masked
 from trainer.modeling import check_student, distillation_flops_per_token, has_mlm_head, mlm_head, student_config
+from trainer.objective.capture import capture
+from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
+from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
+from trainer.objective.masking import IGNORE_INDEX, max_masked
 
 OUTPUT_TERMS = ("ce", "mlm", "cos", "mse")
 LOGIT_TERMS = ("ce", "mse")  # need the teacher's vocabulary logits

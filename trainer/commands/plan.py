@@ -28,9 +28,9 @@ import yaml
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from trainer.config import TrainConfig
-from trainer.distiller import step_flops_per_token, validate_against_teacher
-from trainer.layer_distillation import LayerDistillation
 from trainer.modeling import build_on_meta, describe, load_teacher_config, student_config, student_layer_map
+from trainer.objective.distiller import step_flops_per_token, validate_against_teacher
+from trainer.objective.layer_distillation import LayerDistillation
 
 
 def read_manifest(data: str) -> dict[str, Any] | None:

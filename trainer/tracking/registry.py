@@ -25,7 +25,7 @@ from typing import Any
 
 from common.config import ConfigError
 from trainer.config import MlflowConfig
-from trainer.tracking import limit_http_retries, resolve_tracking_uri
+from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

@@ -26,17 +26,17 @@ import torch.distributed as dist
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
-from trainer.checkpoint import Checkpointer
+from trainer.commands.export import export
 from trainer.config import TrainConfig
-from trainer.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
-from trainer.distiller import Distiller, validate_against_teacher
-from trainer.engine import build_engine, deepspeed_config, init_distributed
-from trainer.evaluate import Evaluation
-from trainer.export import export
-from trainer.masking import DynamicMasker, load_token_counts, seeded_generator
-from trainer.metrics import MetricsLog, StepMeter
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
-from trainer.tracking import Tracker
+from trainer.objective.distiller import Distiller, validate_against_teacher
+from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
+from trainer.runtime.checkpoint import Checkpointer
+from trainer.runtime.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
+from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
+from trainer.runtime.evaluate import Evaluation
+from trainer.runtime.metrics import MetricsLog, StepMeter
+from trainer.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         )
 
     # Models: the student is derived from the float32 teacher, then the teacher drops to the
-    # training dtype and stays outside the engine (see trainer.distiller).
+    # training dtype and stays outside the engine (see trainer.objective.distiller).
     torch.manual_seed(cfg.seed)
     teacher = load_teacher(cfg.teacher, torch.float32)
     student = build_student(cfg.student, teacher)

@@ -1,6 +1,6 @@
 """Intermediate-layer distillation losses: TinyBERT, PKD and MiniLM, as pure tensor functions.
 
-Every function takes already-captured tensors (see ``trainer.capture``) and the ``[batch, seq]``
+Every function takes already-captured tensors (see ``trainer.objective.capture``) and the ``[batch, seq]``
 mask of real tokens, and returns a scalar in float32 whatever the training dtype, so that bf16
 activations do not lose the small differences these losses are made of. Padded positions never
 contribute: not to a sum, not to a mean's denominator (an all-padding batch gives 0, not NaN).

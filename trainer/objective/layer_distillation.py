@@ -2,7 +2,7 @@
 
 :class:`LayerDistillation` is built once from ``objective.{tinybert,pkd,minilm}`` and the two
 models' configs. It decides which student layer is compared with which teacher layer, what must
-be captured from each model (only the mapped layers; see ``trainer.capture``), and owns the
+be captured from each model (only the mapped layers; see ``trainer.objective.capture``), and owns the
 learned projections W_e / W_h that lift a narrower student to the teacher's width. It lives
 inside the Distiller, so the projections are trained by the DeepSpeed engine with the student
 and checkpointed with it, while the export (the student alone) leaves them behind.
@@ -18,9 +18,15 @@ import torch
 from torch import nn
 
 from common.config import require
-from trainer.capture import Captured, CaptureSpec
 from trainer.config import ObjectiveConfig
-from trainer.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl, scaled_relation
+from trainer.objective.capture import Captured, CaptureSpec
+from trainer.objective.layer_losses import (
+    attention_score_mse,
+    hidden_mse,
+    pkd_patient_loss,
+    relation_kl,
+    scaled_relation,
+)
 
 
 def uniform_layer_map(teacher_layers: int, student_layers: int, key: str) -> list[int]:

@@ -1,0 +1,1 @@
+"""The commands of ``python -m trainer``: one module each, with ``main(argv) -> int``."""

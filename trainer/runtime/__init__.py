@@ -1,0 +1,1 @@
+"""Running the step at scale: DeepSpeed, data, checkpoints, schedule, metrics, evaluation."""

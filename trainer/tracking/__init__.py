@@ -1,0 +1,1 @@
+"""MLflow: tracking runs, the registry of students, pulling one. Imports neither DeepSpeed nor the objective."""
