@@ -10,7 +10,7 @@ non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on t
 student runs under autocast in ``deepspeed.precision`` (bf16/fp16) with float32 weights, as
 DeepSpeed's mixed precision does; the teacher runs in that dtype.
 
-MFU = tokens/s x model FLOPs per token (``trainer.objective.distiller.step_flops_per_token``, the figure
+MFU = tokens/s x model FLOPs per token (``trainer.commands.plan.step_flops_per_token``, the figure
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
 peak of a known GPU, else (CPU) a measured large-matmul rate in the same dtype, which makes the
 CPU figure "fraction of what this machine's matmul achieves", not of a datasheet number.
@@ -40,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
+from trainer.commands.plan import step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import (
     build_student,
@@ -48,7 +49,7 @@ from trainer.modeling import (
     model_from_config,
     training_dtype,
 )
-from trainer.objective.distiller import Distiller, step_flops_per_token, validate_against_teacher
+from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
@@ -131,7 +132,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.tokenizer or cfg.teacher)
     teacher, student = build_models(cfg, args.random_weights)
     teacher.to(device)
-    distiller = Distiller(student, teacher, cfg.objective, cfg.masking.probability).to(device).train()
+    distiller = Distiller(student, teacher, cfg.objective).to(device).train()
     masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=None, device=device)
     optimizer = torch.optim.AdamW(
         distiller.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps
@@ -144,9 +145,9 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     ]
 
     def forward_backward(i: int) -> torch.Tensor:
-        masked, labels = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
+        masked = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
         with autocast:
-            loss = distiller(masked, None, labels)["loss"]
+            loss = distiller(masked, None)["loss"]
         loss.backward()
         return loss.detach()
 

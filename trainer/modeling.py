@@ -1,4 +1,4 @@
-"""The two models: loading the teacher, deriving the student, counting parameters and FLOPs.
+"""The two models: loading the teacher and deriving the student.
 
 The teacher is any Hugging Face BERT-style encoder (BERT, RoBERTa, ...), with a masked-LM head
 or without one (a sentence-transformers encoder such as all-MiniLM-L6-v2). The student is always
@@ -16,14 +16,14 @@ A student is made in one of two ways (``student.init``):
 * ``random``: an explicit architecture (unset fields are the teacher's), randomly initialised.
 
 Everything here also works on the ``meta`` device, so ``plan`` sizes a run from the teacher's
-``config.json`` alone, with no weights and no memory.
+``config.json`` alone, with no weights and no memory (the parameter and FLOP arithmetic lives in
+``trainer.commands.plan``).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -225,81 +225,3 @@ def build_on_meta(config: PretrainedConfig) -> PreTrainedModel:
     """The model a config describes, on the meta device: exact shapes, no memory, no weights."""
     with torch.device("meta"):
         return model_from_config(config)
-
-
-def count_parameters(model: PreTrainedModel) -> dict[str, int]:
-    """Parameter counts; ``encoder`` (embeddings + layers) follows the published-size convention.
-
-    Published sizes (BERT-base 110M, DistilBERT 66M, DistilRoBERTa 82M) count the encoder: the
-    MLM head is mostly tied to the word embeddings and the pooler is a fine-tuning add-on, so
-    neither is in ``encoder``; ``total`` counts every distinct parameter of the model as built.
-    """
-    embeddings = sum(p.numel() for p in model.base_model.embeddings.parameters())
-    layers = sum(p.numel() for p in encoder_layers(model).parameters())
-    return {
-        "encoder": embeddings + layers,
-        "embeddings": embeddings,
-        "layers": layers,
-        "total": sum(p.numel() for p in model.parameters()),
-    }
-
-
-def encoder_flops_per_token(config: PretrainedConfig, seq_len: int) -> int:
-    """Forward matmul FLOPs per token of the transformer layers (2 per multiply-add).
-
-    Per layer: Q, K, V and output projections (4 H^2), the FFN (2 H F), and attention's
-    ``Q K^T`` and ``A V`` (2 S H); embedding lookups, norms and softmax are not counted.
-    """
-    h, f = config.hidden_size, config.intermediate_size
-    return config.num_hidden_layers * 2 * (4 * h * h + 2 * h * f + 2 * seq_len * h)
-
-
-def head_flops_per_position(config: PretrainedConfig) -> int:
-    """Forward FLOPs of the MLM head at one position: the H x H transform and the H x V decoder."""
-    h = config.hidden_size
-    return 2 * (h * h + h * config.vocab_size)
-
-
-def distillation_flops_per_token(
-    teacher_config: PretrainedConfig,
-    student_config: PretrainedConfig,
-    seq_len: int,
-    teacher_forward: bool,
-    teacher_head_fraction: float,
-    student_head_fraction: float,
-) -> dict[str, float]:
-    """Model FLOPs per input token of one distillation step (what MFU is computed from).
-
-    The teacher runs forward only (if any loss needs it); the student forward and backward
-    (backward = 2x forward). Each MLM head runs at the given fraction of positions: the masked
-    budget for masked-position losses, 1 for all-position logit losses, 0 when no loss needs it.
-    """
-    teacher = 0.0
-    if teacher_forward:
-        teacher = encoder_flops_per_token(teacher_config, seq_len) + teacher_head_fraction * head_flops_per_position(
-            teacher_config
-        )
-    student_forward = encoder_flops_per_token(
-        student_config, seq_len
-    ) + student_head_fraction * head_flops_per_position(student_config)
-    return {
-        "teacher_forward": teacher,
-        "student_forward_backward": 3 * student_forward,
-        "total": teacher + 3 * student_forward,
-    }
-
-
-def describe(config: PretrainedConfig, model: PreTrainedModel) -> dict[str, Any]:
-    """The architecture facts ``plan`` prints for a model."""
-    return {
-        "class": type(model).__name__,
-        "model_type": config.model_type,
-        "num_layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-        "num_attention_heads": config.num_attention_heads,
-        "intermediate_size": config.intermediate_size,
-        "vocab_size": config.vocab_size,
-        "max_position_embeddings": config.max_position_embeddings,
-        "has_mlm_head": mlm_head(model) is not None,
-        "params": count_parameters(model),
-    }

@@ -92,6 +92,7 @@ def test_distiller_layer_terms_equal_a_direct_computation():
     from trainer.modeling import build_student
     from trainer.objective.distiller import Distiller
     from trainer.objective.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl
+    from trainer.objective.masking import MaskedBatch
 
     teacher = build(BertForMaskedLM, BertConfig)
     settings = ["ce=1", "mlm=1", "cos=0", "tinybert.embedding=1", "tinybert.hidden=2", "tinybert.attention=3"]
@@ -106,11 +107,11 @@ def test_distiller_layer_terms_equal_a_direct_computation():
     student = build_student(
         StudentConfig(init="random", num_layers=2, hidden_size=16, num_attention_heads=4, intermediate_size=32), teacher
     ).eval()
-    distiller = Distiller(student, teacher, objective, mask_probability=0.15)
+    distiller = Distiller(student, teacher, objective)
     ids, mask = batch()
     labels = torch.full_like(ids, -100)
     labels[:, 2] = ids[:, 2]
-    out = distiller(ids, mask, labels)
+    out = distiller(MaskedBatch.from_labels(ids, labels, budget=1), mask)
 
     s_states = student(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
     t_states = teacher(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states

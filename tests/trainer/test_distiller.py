@@ -13,10 +13,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import PreTrainedModel
 
 from common.config import ConfigError, load_config
+from trainer.commands.plan import step_flops_per_token
 from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config
-from trainer.objective.distiller import Distiller, eval_metrics, step_flops_per_token, validate_against_teacher
-from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.objective.distiller import Distiller, eval_metrics, validate_against_teacher
+from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
 
 SPECIALS = [0, 100, 101, 102, 103]  # bert-base-uncased [PAD] [UNK] [CLS] [SEP] [MASK]
 
@@ -33,19 +34,19 @@ def student(teacher: PreTrainedModel) -> PreTrainedModel:
 
 
 @pytest.fixture(scope="module")
-def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A masked batch whose last sequence is padded after 40 tokens."""
+def batch() -> tuple[MaskedBatch, torch.Tensor]:
+    """A masked batch whose last sequence is padded after 40 tokens, and its attention mask."""
     ids = torch.randint(1000, 30000, (3, 64), generator=torch.Generator().manual_seed(3))
     ids[:, 0], ids[:, 30] = 101, 102
     ids[2, 40:] = 0
     attention_mask = (ids != 0).long()
     masker = DynamicMasker(MaskingConfig(), vocab_size=30522, mask_id=103, special_ids=SPECIALS)
-    masked, labels = masker(ids, attention_mask, seeded_generator(0, 0, 0))
-    return masked, attention_mask, labels
+    return masker(ids, attention_mask, seeded_generator(0, 0, 0)), attention_mask
 
 
-def dense_terms(student, teacher, masked, attention_mask, labels, objective: ObjectiveConfig) -> dict[str, float]:
+def dense_terms(student, teacher, batch, attention_mask, objective: ObjectiveConfig) -> dict[str, float]:
     """The four terms from full ``[batch, seq, vocab]`` logits and boolean indexing: the obvious way."""
+    masked, labels = batch.input_ids, batch.labels
     s = student(input_ids=masked, attention_mask=attention_mask, output_hidden_states=True)
     t = teacher(input_ids=masked, attention_mask=attention_mask, output_hidden_states=True)
     real, chosen = attention_mask.bool(), labels != -100
@@ -66,7 +67,7 @@ def dense_terms(student, teacher, masked, attention_mask, labels, objective: Obj
 @pytest.mark.parametrize("positions", ["masked", "all"])
 def test_losses_equal_the_dense_computation(student, teacher, batch, positions: str) -> None:
     objective = ObjectiveConfig(ce=5.0, mlm=2.0, cos=1.0, mse=0.5, ce_positions=positions)
-    out = Distiller(student, teacher, objective, 0.15)(*batch)
+    out = Distiller(student, teacher, objective)(*batch)
     expected = dense_terms(student, teacher, *batch, objective)
     assert set(out) == {"loss", "ce", "mlm", "cos", "mse"}
     for name, value in expected.items():
@@ -79,7 +80,7 @@ def test_zero_weights_are_not_computed_and_teacher_skipped(student, teacher, bat
     calls = []
     handle = teacher.register_forward_hook(lambda *args: calls.append(1))
     try:
-        out = Distiller(student, teacher, ObjectiveConfig(ce=0.0, cos=0.0, mlm=1.0), 0.15)(*batch)
+        out = Distiller(student, teacher, ObjectiveConfig(ce=0.0, cos=0.0, mlm=1.0))(*batch)
         assert set(out) == {"loss", "mlm"} and calls == []
         assert out["loss"].item() == pytest.approx(out["mlm"].item())
     finally:
@@ -89,16 +90,16 @@ def test_zero_weights_are_not_computed_and_teacher_skipped(student, teacher, bat
 def test_no_attention_mask_means_no_padding(student, teacher) -> None:
     ids = torch.randint(1000, 30000, (2, 32), generator=torch.Generator().manual_seed(4))
     masker = DynamicMasker(MaskingConfig(), vocab_size=30522, mask_id=103, special_ids=SPECIALS)
-    masked, labels = masker(ids, None, seeded_generator(1))
-    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)
-    without, with_ones = distiller(masked, None, labels), distiller(masked, torch.ones_like(ids), labels)
+    masked = masker(ids, None, seeded_generator(1))
+    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0))
+    without, with_ones = distiller(masked, None), distiller(masked, torch.ones_like(ids))
     for name in without:
         assert without[name].item() == pytest.approx(with_ones[name].item(), rel=1e-5)
 
 
 def test_teacher_is_outside_the_module_and_gets_no_gradient(teacher: PreTrainedModel, batch) -> None:
     student = build_student(StudentConfig(), teacher)
-    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)
+    distiller = Distiller(student, teacher, ObjectiveConfig(mse=1.0))
     teacher_params = {id(p) for p in teacher.parameters()}
     assert not teacher_params & {id(p) for p in distiller.parameters()}
     assert all(name.startswith("student.") for name in distiller.state_dict())
@@ -112,17 +113,11 @@ def test_teacher_is_outside_the_module_and_gets_no_gradient(teacher: PreTrainedM
     assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
 
 
-def test_too_many_masked_tokens_fail_instead_of_being_dropped(student, teacher) -> None:
-    ids = torch.randint(1000, 30000, (1, 20), generator=torch.Generator().manual_seed(5))
-    labels = ids.clone()  # every position "masked": more than the 15% budget of 3
-    with pytest.raises(RuntimeError, match="masking budget"):
-        Distiller(student, teacher, ObjectiveConfig(), 0.15)(ids, None, labels)
-
-
 def test_evaluate_sums_match_dense_metrics(student, teacher, batch) -> None:
-    masked, attention_mask, labels = batch
-    distiller = Distiller(student, teacher, ObjectiveConfig(), 0.15).train()
-    sums = {k: v.item() for k, v in distiller.evaluate(masked, attention_mask, labels).items()}
+    batch, attention_mask = batch
+    masked, labels = batch.input_ids, batch.labels
+    distiller = Distiller(student, teacher, ObjectiveConfig()).train()
+    sums = {k: v.item() for k, v in distiller.evaluate(batch, attention_mask).items()}
     assert distiller.training and student.training  # restored after evaluating in eval mode
     student.eval()
     chosen = labels != -100
@@ -140,7 +135,7 @@ def test_evaluate_sums_match_dense_metrics(student, teacher, batch) -> None:
 
 def test_a_full_copy_of_the_teacher_agrees_with_it(teacher, batch) -> None:
     clone = build_student(StudentConfig(teacher_layers=[0, 1, 2, 3]), teacher)
-    sums = Distiller(clone, teacher, ObjectiveConfig(), 0.15).evaluate(*batch)
+    sums = Distiller(clone, teacher, ObjectiveConfig()).evaluate(*batch)
     metrics = eval_metrics({k: v.item() for k, v in sums.items()})
     assert metrics["top1_agreement"] == 1.0
     assert metrics["student_mlm_loss"] == pytest.approx(metrics["teacher_mlm_loss"], rel=1e-5)
@@ -149,7 +144,7 @@ def test_a_full_copy_of_the_teacher_agrees_with_it(teacher, batch) -> None:
 def test_teacher_without_mlm_head_trains_with_mlm_and_cos(bert_tokenizer_dir: Path, batch) -> None:
     minilm = load_teacher(str(bert_tokenizer_dir), torch.float32)  # the real all-MiniLM-L6-v2, no MLM head
     student = build_student(StudentConfig(), minilm)
-    distiller = Distiller(student, minilm, ObjectiveConfig(ce=0.0, mlm=2.0, cos=1.0), 0.15)
+    distiller = Distiller(student, minilm, ObjectiveConfig(ce=0.0, mlm=2.0, cos=1.0))
     out = distiller(*batch)
     assert set(out) == {"loss", "mlm", "cos"} and torch.isfinite(out["loss"])
     out["loss"].backward()
@@ -191,20 +186,19 @@ def test_cosine_loss_needs_equal_widths(tiny_teacher_dir: Path) -> None:
 )
 def test_step_flops_formula_matches_counted_matmuls(student, teacher, batch, objective: ObjectiveConfig) -> None:
     """Teacher forward + student forward/backward, with the vocabulary projection only where needed."""
-    masked, _, labels = batch
-    distiller = Distiller(student, teacher, objective, 0.15)
+    masked, _ = batch
+    distiller = Distiller(student, teacher, objective)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        distiller(masked, None, labels)["loss"].backward()
-    expected = step_flops_per_token(objective, teacher.config, student.config, 0.15, masked.shape[1])["total"]
-    assert counter.get_total_flops() == pytest.approx(expected * masked.numel(), rel=1e-9)
+        distiller(masked, None)["loss"].backward()
+    ids = masked.input_ids
+    expected = step_flops_per_token(objective, teacher.config, student.config, 0.15, ids.shape[1])["total"]
+    assert counter.get_total_flops() == pytest.approx(expected * ids.numel(), rel=1e-9)
 
 
 def test_bf16_step_matches_float32(student, teacher, batch) -> None:
     """In DeepSpeed's bf16 mode both models hold bf16 weights; the losses are still float32 and close."""
-    reference = Distiller(student, teacher, ObjectiveConfig(mse=1.0), 0.15)(*batch)
-    low = Distiller(
-        copy.deepcopy(student).bfloat16(), copy.deepcopy(teacher).bfloat16(), ObjectiveConfig(mse=1.0), 0.15
-    )
+    reference = Distiller(student, teacher, ObjectiveConfig(mse=1.0))(*batch)
+    low = Distiller(copy.deepcopy(student).bfloat16(), copy.deepcopy(teacher).bfloat16(), ObjectiveConfig(mse=1.0))
     out = low(*batch)
     for name, value in reference.items():
         assert out[name].dtype == torch.float32

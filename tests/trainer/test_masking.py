@@ -86,7 +86,9 @@ def counts(tokenizer: Any, stream: list[int]) -> np.ndarray:
 
 
 def draw(masker: DynamicMasker, batch: torch.Tensor, *entropy: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return masker(batch, None, seeded_generator(*entropy))
+    """``(masked input ids, labels)`` of one draw."""
+    out = masker(batch, None, seeded_generator(*entropy))
+    return out.input_ids, out.labels
 
 
 def test_rates_over_many_tokens(tokenizer: Any, packed: torch.Tensor) -> None:
@@ -131,7 +133,7 @@ def test_padding_is_excluded_by_attention_mask_alone(tokenizer: Any, packed: tor
     masker = DynamicMasker.from_tokenizer(MaskingConfig(), tokenizer)
     mask = torch.ones_like(packed)
     mask[:, 100:] = 0
-    _, labels = masker(packed, mask, seeded_generator(1))
+    labels = masker(packed, mask, seeded_generator(1)).labels
     assert (labels[:, 100:] == -100).all()
 
 
@@ -202,3 +204,23 @@ def test_smoothing_without_counts_is_a_config_error(tokenizer: Any) -> None:
         DynamicMasker.from_tokenizer(MaskingConfig(frequency_smoothing=0.7), tokenizer)
     with pytest.raises(ConfigError, match=r"masking\.frequency_smoothing"):
         DynamicMasker.from_tokenizer(MaskingConfig(frequency_smoothing=0.7), tokenizer, token_counts=np.ones(5))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [MaskingConfig(), MaskingConfig(probability=0.4, whole_word=True), MaskingConfig(frequency_smoothing=0.7)],
+    ids=["uniform", "whole-word", "smoothed"],
+)
+def test_positions_hold_every_chosen_token_within_the_budget(
+    cfg: MaskingConfig, tokenizer: Any, packed: torch.Tensor, counts: np.ndarray
+) -> None:
+    """The masker owns the budget: its [batch, budget] positions are every chosen token, none dropped."""
+    masker = DynamicMasker.from_tokenizer(cfg, tokenizer, token_counts=counts)
+    budget = max_masked(cfg.probability, SEQ)
+    for step in range(4):
+        out = masker(packed, None, seeded_generator(0, step, 0))
+        hit = out.labels != -100
+        assert out.positions.index.shape == out.targets.shape == (packed.shape[0], budget)
+        assert torch.equal(out.positions.valid.sum(1), hit.sum(1))  # no chosen token without a slot
+        assert hit.gather(1, out.positions.index)[out.positions.valid].all()  # valid slots point at chosen tokens
+        assert torch.equal(out.targets[out.positions.valid], packed.gather(1, out.positions.index)[out.positions.valid])

@@ -11,13 +11,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForMaskedLM, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
 from common.config import ConfigError
+from trainer.commands.plan import count_parameters, encoder_flops_per_token
 from trainer.config import StudentConfig
 from trainer.modeling import (
     build_on_meta,
     build_student,
-    count_parameters,
     default_layer_map,
-    encoder_flops_per_token,
     encoder_layers,
     load_teacher,
     load_teacher_config,

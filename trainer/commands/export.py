@@ -12,13 +12,11 @@ to a temporary directory and renamed into place, so DEST is either complete or a
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from common.atomic import atomic_directory
 from common.config import ConfigError
 from trainer.runtime.checkpoint import HF_DIR, checkpoint_dirs, latest_tag, step_of
 
@@ -29,25 +27,10 @@ STUDENT_PREFIX = "student."  # the Distiller's attribute holding the Hugging Fac
 
 def save_student(model: Any, tokenizer: Any, dest: str | Path) -> Path:
     """Write ``model`` (safetensors + config) and ``tokenizer`` to ``dest`` atomically."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of a shared filesystem
-    try:
+    with atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
-            os.replace(dest, old / dest.name)
-            os.replace(tmp, dest)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return Path(dest)
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:

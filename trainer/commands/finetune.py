@@ -17,9 +17,7 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import tempfile
 from dataclasses import field
 from pathlib import Path
@@ -28,10 +26,11 @@ from typing import Any
 import torch
 import yaml
 
+from common.atomic import atomic_directory, write_text_atomically
 from common.cli import split_config_args
 from common.config import ConfigError, flatten, load_config, require, to_dict
 from trainer.config import MlflowConfig
-from trainer.runtime.optim import build_scheduler
+from trainer.runtime.optim import build_scheduler, param_groups
 from trainer.tracking.tracker import RunSpec, Tracker
 
 log = logging.getLogger(__name__)
@@ -111,11 +110,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
 
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     total_steps = cfg.epochs * steps_per_epoch
-    decay = [p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n]
-    rest = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}], lr=cfg.lr
-    )
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_fraction)
     order = torch.Generator().manual_seed(cfg.seed)
     step = 0
@@ -142,7 +137,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
 
     model_out = save_model(model, tokenizer, output_dir / "model")
     result.update(steps=step, labels=names, model=str(model_out), source=source)
-    write_json(output_dir / "metrics.json", result)
+    write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     tracker.finish(model_out, {"eval/accuracy": result["accuracy"]})
     return result
 
@@ -287,19 +282,11 @@ def evaluate(model: Any, tokenizer: Any, examples: list[dict[str, Any]], batch_s
 
 
 def save_model(model: Any, tokenizer: Any, dest: Path) -> Path:
-    """Model and tokenizer, written to a temp directory and renamed into place."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    """Model and tokenizer, written atomically (see ``common.atomic``)."""
+    with atomic_directory(dest) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return dest
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def run_spec(cfg: FinetuneConfig, config_path: str | None, source: dict[str, str], labels: list[str]) -> RunSpec:

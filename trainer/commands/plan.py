@@ -24,15 +24,130 @@ from typing import Any
 
 import torch
 import yaml
+from transformers import PretrainedConfig, PreTrainedModel
 
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
-from trainer.config import TrainConfig
-from trainer.modeling import build_on_meta, describe, load_teacher_config, student_config, student_layer_map
-from trainer.objective.distiller import step_flops_per_token, validate_against_teacher
-from trainer.objective.layer_distillation import LayerDistillation
+from trainer.config import ObjectiveConfig, TrainConfig
+from trainer.modeling import (
+    build_on_meta,
+    encoder_layers,
+    load_teacher_config,
+    mlm_head,
+    student_config,
+    student_layer_map,
+)
+from trainer.objective.distiller import LOGIT_TERMS, TEACHER_TERMS, active_weights, validate_against_teacher
+from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
+from trainer.objective.masking import max_masked
 
 
+# --------------------------------------------------------------------- parameter and FLOP arithmetic
+def count_parameters(model: PreTrainedModel) -> dict[str, int]:
+    """Parameter counts; ``encoder`` (embeddings + layers) follows the published-size convention.
+
+    Published sizes (BERT-base 110M, DistilBERT 66M, DistilRoBERTa 82M) count the encoder: the
+    MLM head is mostly tied to the word embeddings and the pooler is a fine-tuning add-on, so
+    neither is in ``encoder``; ``total`` counts every distinct parameter of the model as built.
+    """
+    embeddings = sum(p.numel() for p in model.base_model.embeddings.parameters())
+    layers = sum(p.numel() for p in encoder_layers(model).parameters())
+    return {
+        "encoder": embeddings + layers,
+        "embeddings": embeddings,
+        "layers": layers,
+        "total": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def encoder_flops_per_token(config: PretrainedConfig, seq_len: int) -> int:
+    """Forward matmul FLOPs per token of the transformer layers (2 per multiply-add).
+
+    Per layer: Q, K, V and output projections (4 H^2), the FFN (2 H F), and attention's
+    ``Q K^T`` and ``A V`` (2 S H); embedding lookups, norms and softmax are not counted.
+    """
+    h, f = config.hidden_size, config.intermediate_size
+    return config.num_hidden_layers * 2 * (4 * h * h + 2 * h * f + 2 * seq_len * h)
+
+
+def head_flops_per_position(config: PretrainedConfig) -> int:
+    """Forward FLOPs of the MLM head at one position: the H x H transform and the H x V decoder."""
+    h = config.hidden_size
+    return 2 * (h * h + h * config.vocab_size)
+
+
+def distillation_flops_per_token(
+    teacher_config: PretrainedConfig,
+    student_config: PretrainedConfig,
+    seq_len: int,
+    teacher_forward: bool,
+    teacher_head_fraction: float,
+    student_head_fraction: float,
+) -> dict[str, float]:
+    """Model FLOPs per input token of one distillation step (what MFU is computed from).
+
+    The teacher runs forward only (if any loss needs it); the student forward and backward
+    (backward = 2x forward). Each MLM head runs at the given fraction of positions: the masked
+    budget for masked-position losses, 1 for all-position logit losses, 0 when no loss needs it.
+    """
+    teacher = 0.0
+    if teacher_forward:
+        teacher = encoder_flops_per_token(teacher_config, seq_len) + teacher_head_fraction * head_flops_per_position(
+            teacher_config
+        )
+    student_forward = encoder_flops_per_token(
+        student_config, seq_len
+    ) + student_head_fraction * head_flops_per_position(student_config)
+    return {
+        "teacher_forward": teacher,
+        "student_forward_backward": 3 * student_forward,
+        "total": teacher + 3 * student_forward,
+    }
+
+
+def describe(config: PretrainedConfig, model: PreTrainedModel) -> dict[str, Any]:
+    """The architecture facts ``plan`` prints for a model."""
+    return {
+        "class": type(model).__name__,
+        "model_type": config.model_type,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "has_mlm_head": mlm_head(model) is not None,
+        "params": count_parameters(model),
+    }
+
+
+def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len: int) -> dict[str, Any]:
+    """Which passes a step runs and at what fraction of positions each MLM head runs (for FLOPs)."""
+    weights = active_weights(objective)
+    masked = max_masked(mask_probability, seq_len) / seq_len
+    logits = any(name in weights for name in LOGIT_TERMS)
+    at = 1.0 if objective.ce_positions == "all" else masked
+    return {
+        "teacher_forward": bool(layer_term_weights(objective)) or any(name in weights for name in TEACHER_TERMS),
+        "teacher_head_fraction": at if logits else 0.0,
+        "student_head_fraction": at if logits else masked if "mlm" in weights else 0.0,
+    }
+
+
+def step_flops_per_token(
+    objective: ObjectiveConfig,
+    teacher_config: PretrainedConfig,
+    student_config: PretrainedConfig,
+    mask_probability: float,
+    seq_len: int,
+) -> dict[str, float]:
+    """Model FLOPs per token of one distillation step with this objective (what MFU is computed from)."""
+    return distillation_flops_per_token(
+        teacher_config, student_config, seq_len, **logit_fractions(objective, mask_probability, seq_len)
+    )
+
+
+# ----------------------------------------------------------------------------------------- the plan
 def read_manifest(data: str) -> dict[str, Any] | None:
     path = Path(data) / "manifest.json"
     if not path.is_file():

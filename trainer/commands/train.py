@@ -4,7 +4,8 @@ Normally started once per rank by ``deepspeed launch/run.sh CONFIG.yaml ...``. T
 reads top to bottom in :func:`train`: check everything that can be checked cheaply, build the
 teacher, the student and the DeepSpeed engine, resume from the latest checkpoint if the output
 directory has one, then step: mask, forward, backward, optimizer step; log, evaluate and
-checkpoint every so many steps; finally export the student as a Hugging Face model.
+checkpoint every so many steps; finally export the student as a Hugging Face model. A step whose
+loss or gradient norm is not finite stops the run before anything is saved (``runtime.guard``).
 
 Nothing in a step reads a device value on the host: losses stay on the device until a log
 step, masks are drawn on the device, and batches arrive in pinned memory.
@@ -13,9 +14,6 @@ step, masks are drawn on the device, and batches arrive in pinned memory.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.atomic import atomic_directory
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
@@ -35,6 +34,7 @@ from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
 from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
 from trainer.runtime.evaluate import Evaluation
+from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
 from trainer.tracking.tracker import Tracker
 
@@ -77,8 +77,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     teacher = load_teacher(cfg.teacher, torch.float32)
     student = build_student(cfg.student, teacher)
     teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
-    distiller = Distiller(student, teacher, cfg.objective, cfg.masking.probability)
-    engine = build_engine(distiller, cfg, world.world_size, world.device)
+    distiller = Distiller(student, teacher, cfg.objective)
+    engine = build_engine(distiller, cfg, ds_config, world.device)
 
     checkpoints = Checkpointer(
         output_dir, every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last, is_main=world.is_main
@@ -111,6 +111,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     evaluation = Evaluation(cfg, dataset, masker, world)
     meter = StepMeter(cfg.global_batch_size)
     metrics_log = MetricsLog(output_dir, is_main=world.is_main, max_steps=cfg.max_steps, start_step=step)
+    guard = FiniteGuard(world.device)
 
     accumulation = engine.gradient_accumulation_steps()
     while step < cfg.max_steps:
@@ -122,24 +123,32 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
             input_ids = batch.to(world.device, non_blocking=True)
             attention_mask = None if host_mask is None else host_mask.to(world.device, non_blocking=True)
             generator = seeded_generator(cfg.seed, step, world.rank, micro, device=world.device)
-            masked_ids, labels = masker(input_ids, attention_mask, generator)
-            out = engine(masked_ids, attention_mask, labels)
+            masked = masker(input_ids, attention_mask, generator)
+            # Keywords: ZeRO-3's hooks look for tensors among the positional inputs, and a MaskedBatch is none.
+            out = engine(batch=masked, attention_mask=attention_mask)
+            guard.observe(step + 1, out["loss"])  # before the optimizer step below
             engine.backward(out["loss"])
             engine.step()
             meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
         step += 1
-        meter.end_step(step, lr, engine.get_global_grad_norm())
+        grad_norm = engine.get_global_grad_norm()
+        guard.observe(step, grad_norm)
+        meter.end_step(step, lr, grad_norm)
 
         eval_due = step % cfg.eval.every_steps == 0 or step == cfg.max_steps
-        if eval_due or step % cfg.logging.every_steps == 0:  # train records first: the log stays in step order
+        log_due = eval_due or step % cfg.logging.every_steps == 0
+        checkpoint_due = checkpoints.due(step, cfg.max_steps)
+        if log_due:  # train records first: the log stays in step order
             for logged_step, metrics in meter.flush():
                 metrics_log.write(logged_step, metrics)
                 tracker.log_metrics(metrics, logged_step)
+        if log_due or checkpoint_due:  # the loop waits for the device here anyway
+            guard.check(checkpoints.latest())
         if eval_due:
             metrics = evaluation.run(engine.module)
             metrics_log.write(step, metrics)
             tracker.log_metrics(metrics, step)
-        if checkpoints.due(step, cfg.max_steps):
+        if checkpoint_due:
             client_state = {
                 "step": step,
                 "data": loader.state(),
@@ -165,9 +174,6 @@ def reseed(seed: int, step: int, rank: int) -> None:
 
 def save_hf_files(student: Any, tokenizer: Any, dest: Path) -> None:
     """The student's config and the tokenizer, next to the weights DeepSpeed saved (for export)."""
-    tmp = Path(tempfile.mkdtemp(prefix=".hf.", dir=dest.parent))
-    tmp.chmod(0o755)
-    student.config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    with atomic_directory(dest) as tmp:
+        student.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)

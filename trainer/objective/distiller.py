@@ -11,8 +11,8 @@ One step computes only what the weighted terms need (a zero weight means not com
 * the teacher runs at all only if a term compares with it;
 * layer terms (TinyBERT, PKD, MiniLM; see ``trainer.objective.layer_distillation``) capture only the
   mapped layers' tensors, and their projections are the only parameters added besides the student;
-* vocabulary logits are computed only where a loss reads them: at the masked positions (a fixed
-  budget of ``ceil(p * seq)`` slots per sequence, see :func:`masked_positions`), or at every
+* vocabulary logits are computed only where a loss reads them: at the masked positions (the
+  masker's fixed ``[batch, budget]`` positions, see ``trainer.objective.masking``), or at every
   position for ``objective.ce_positions=all``. ``[batch, seq, vocab]`` logits are never built
   otherwise;
 * nothing is read back to the host, so the step never waits for the device.
@@ -24,52 +24,21 @@ the host before the batch is copied to the device): the model then takes SDPA's 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
 from trainer.config import ObjectiveConfig, TrainConfig
-from trainer.modeling import check_student, distillation_flops_per_token, has_mlm_head, mlm_head, student_config
+from trainer.modeling import check_student, has_mlm_head, mlm_head, student_config
 from trainer.objective.capture import capture
-from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
+from trainer.objective.layer_distillation import LayerDistillation
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
-from trainer.objective.masking import IGNORE_INDEX, max_masked
+from trainer.objective.masking import MaskedBatch, Positions
 
 OUTPUT_TERMS = ("ce", "mlm", "cos", "mse")
 LOGIT_TERMS = ("ce", "mse")  # need the teacher's vocabulary logits
 TEACHER_TERMS = ("ce", "cos", "mse")
-
-
-@dataclasses.dataclass
-class Positions:
-    """Where a loss applies: ``index`` ``[batch, P]`` into the sequence (None: every position), and which are real."""
-
-    index: torch.Tensor | None
-    valid: torch.Tensor
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """``x[b, index[b, p]]``: ``[batch, seq, ...]`` -> ``[batch, P, ...]``."""
-        if self.index is None:
-            return x
-        rows = torch.arange(x.shape[0], device=x.device)[:, None]
-        return x[rows, self.index]
-
-
-def masked_positions(labels: torch.Tensor, budget: int) -> Positions:
-    """The masked positions as a fixed ``[batch, budget]`` index (unused slots are not valid).
-
-    A fixed shape keeps the step free of host synchronisation (boolean indexing would have to
-    read the count back). The masker never chooses more than ``budget`` tokens per sequence; a
-    batch that does anyway fails on the device rather than silently dropping predictions.
-    """
-    chosen = labels != IGNORE_INDEX
-    torch._assert_async(chosen.sum(1).max() <= budget, "more masked tokens in a sequence than the masking budget")
-    index = chosen.float().topk(budget, dim=1, sorted=False).indices
-    return Positions(index=index, valid=chosen.gather(1, index))
 
 
 def active_weights(objective: ObjectiveConfig) -> dict[str, float]:
@@ -99,32 +68,6 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig)
         LayerDistillation(cfg.objective, teacher_config, s_config)
 
 
-def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len: int) -> dict[str, Any]:
-    """Which passes a step runs and at what fraction of positions each MLM head runs (for FLOPs)."""
-    weights = active_weights(objective)
-    masked = max_masked(mask_probability, seq_len) / seq_len
-    logits = any(name in weights for name in LOGIT_TERMS)
-    at = 1.0 if objective.ce_positions == "all" else masked
-    return {
-        "teacher_forward": bool(layer_term_weights(objective)) or any(name in weights for name in TEACHER_TERMS),
-        "teacher_head_fraction": at if logits else 0.0,
-        "student_head_fraction": at if logits else masked if "mlm" in weights else 0.0,
-    }
-
-
-def step_flops_per_token(
-    objective: ObjectiveConfig,
-    teacher_config: PretrainedConfig,
-    student_config: PretrainedConfig,
-    mask_probability: float,
-    seq_len: int,
-) -> dict[str, float]:
-    """Model FLOPs per token of one distillation step with this objective (see ``modeling``)."""
-    return distillation_flops_per_token(
-        teacher_config, student_config, seq_len, **logit_fractions(objective, mask_probability, seq_len)
-    )
-
-
 class Distiller(nn.Module):
     """Student + objective; ``forward`` returns ``{"loss": weighted sum, <term>: unweighted value, ...}``."""
 
@@ -133,13 +76,11 @@ class Distiller(nn.Module):
         student: PreTrainedModel,
         teacher: PreTrainedModel,
         objective: ObjectiveConfig,
-        mask_probability: float,
     ) -> None:
         super().__init__()
         self.student = student
         self._teacher = (teacher,)  # a tuple: not registered, so never partitioned, optimised or saved
         self.objective = objective
-        self.mask_probability = mask_probability
         # Layer terms and their projections (W_e, W_h): a registered submodule, so trained and checkpointed.
         self.layer_distillation = LayerDistillation(objective, teacher.config, student.config)
         self.capture_specs = self.layer_distillation.capture_specs()
@@ -153,12 +94,10 @@ class Distiller(nn.Module):
         """The student alone, as exported (no teacher, no loss-only parameters)."""
         return self.student
 
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """One micro-batch: ``input_ids`` already masked, ``labels`` -100 except at the masked positions."""
+    def forward(self, batch: MaskedBatch, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """One micro-batch, as the masker made it."""
+        input_ids, masked = batch.input_ids, batch.positions
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        masked = masked_positions(labels, max_masked(self.mask_probability, input_ids.shape[1]))
         logits_at = masked if self.objective.ce_positions == "masked" else Positions(index=None, valid=real)
         student_spec, teacher_spec = self.capture_specs
         with capture(self.student, student_spec) as student_layers:
@@ -192,18 +131,14 @@ class Distiller(nn.Module):
                 mlm_logits = student_head(masked.take(student_hidden))
             else:  # reuse the logits the distillation terms computed
                 mlm_logits = student_logits if logits_at is masked else masked.take(student_logits)
-            terms["mlm"] = masked_lm_loss(mlm_logits, masked.take(labels), masked.valid)
+            terms["mlm"] = masked_lm_loss(mlm_logits, batch.targets, masked.valid)
 
         loss = sum(self.weights[name] * value for name, value in terms.items())
         return {"loss": loss, **terms}
 
     @torch.no_grad()
     def evaluate(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        labels: torch.Tensor,
-        with_teacher: bool = True,
+        self, batch: MaskedBatch, attention_mask: torch.Tensor | None, with_teacher: bool = True
     ) -> dict[str, torch.Tensor]:
         """Masked-LM sums on one fixed-mask batch, in eval mode: add them up over batches and ranks,
         then :func:`eval_metrics`.
@@ -212,8 +147,7 @@ class Distiller(nn.Module):
         ``with_teacher`` and the teacher has an MLM head, ``teacher_loss_sum``, ``teacher_correct``
         and ``agreement`` (student and teacher top-1 predictions equal).
         """
-        masked = masked_positions(labels, max_masked(self.mask_probability, input_ids.shape[1]))
-        targets = masked.take(labels)
+        input_ids, masked, targets = batch.input_ids, batch.positions, batch.targets
         valid = masked.valid.float()
         was_training = self.student.training
         self.student.eval()

@@ -13,13 +13,21 @@ before it; for byte-level BPE a piece without the ``Ġ`` space marker does), wei
 rarest piece, and words are taken in key order while they fit in the sequence's token budget.
 
 Of the chosen tokens, 80% become [MASK], 10% a random non-special token and 10% stay as they
-are. Everything is tensor arithmetic of fixed shape (no ``nonzero``, no ``.item()``), so masking
+are.
+
+The masker is the one owner of the masking budget: no sequence of ``seq`` tokens ever has more
+than ``max_masked(p, seq) = ceil(p seq)`` tokens chosen (``floor(p n + u) <= ceil(p seq)`` since
+``n <= seq`` and ``u < 1``; whole words are taken only while they fit). It hands the step those
+positions as a fixed ``[batch, budget]`` index with a validity mask (:class:`Positions`), so the
+losses gather exactly the predicted tokens without boolean indexing, which would need the count
+on the host. Everything is tensor arithmetic of fixed shape (no ``nonzero``, no ``.item()``), so masking
 never waits for the device; the randomness comes only from the ``torch.Generator`` passed in,
 which the training loop seeds from (seed, step, rank) with :func:`seeded_generator`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -38,6 +46,45 @@ IGNORE_INDEX = -100  # label of the tokens not chosen (PyTorch's cross-entropy d
 def max_masked(probability: float, seq_len: int) -> int:
     """The most tokens one sequence of ``seq_len`` can have chosen: the fixed budget of predicted positions."""
     return max(1, math.ceil(probability * seq_len))
+
+
+@dataclasses.dataclass
+class Positions:
+    """Where a loss applies: ``index`` ``[batch, P]`` into the sequence (None: every position), and which are real."""
+
+    index: torch.Tensor | None
+    valid: torch.Tensor
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """``x[b, index[b, p]]``: ``[batch, seq, ...]`` -> ``[batch, P, ...]``."""
+        if self.index is None:
+            return x
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]
+        return x[rows, self.index]
+
+
+@dataclasses.dataclass
+class MaskedBatch:
+    """One masked batch: what the model reads, and what it must predict where.
+
+    ``input_ids`` ``[batch, seq]``: the corrupted ids. ``labels`` ``[batch, seq]``: the original
+    id where chosen, ``IGNORE_INDEX`` elsewhere (the usual dense form). ``positions``: the chosen
+    positions as a ``[batch, budget]`` index (unused slots not valid), and ``targets`` ``[batch,
+    budget]``: the original ids there, which the masked-LM loss compares with.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    positions: Positions
+    targets: torch.Tensor
+
+    @classmethod
+    def from_labels(cls, input_ids: torch.Tensor, labels: torch.Tensor, budget: int) -> MaskedBatch:
+        """Locate the labelled positions in a fixed ``[batch, budget]`` index (at most ``budget`` per row)."""
+        chosen = labels != IGNORE_INDEX
+        index = chosen.float().topk(budget, dim=1, sorted=False).indices
+        positions = Positions(index=index, valid=chosen.gather(1, index))
+        return cls(input_ids, labels, positions, positions.take(labels))
 
 
 def seeded_generator(*entropy: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -135,8 +182,8 @@ class DynamicMasker:
 
     def __call__(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(masked_input_ids, labels)``: labels hold the original id where chosen, -100 elsewhere.
+    ) -> MaskedBatch:
+        """Choose, corrupt and locate the tokens to predict (see :class:`MaskedBatch`).
 
         ``attention_mask`` may be None (a packed batch without padding); padding is never chosen
         either way, since the pad token is special.
@@ -150,7 +197,8 @@ class DynamicMasker:
         masked = torch.where(to_mask, self.mask_id, ids)
         masked = torch.where(to_random, self.replacements[draw], masked)
         labels = torch.where(chosen, ids, IGNORE_INDEX)
-        return masked, labels
+        # choose() never takes more than this budget, so every chosen token gets a slot.
+        return MaskedBatch.from_labels(masked, labels, max_masked(self.cfg.probability, ids.shape[1]))
 
     def choose(
         self, ids: torch.Tensor, attention_mask: torch.Tensor | None, generator: torch.Generator

@@ -71,6 +71,11 @@ class Checkpointer:
     def due(self, step: int, max_steps: int) -> bool:
         return step % self.every_steps == 0 or step == max_steps
 
+    def latest(self) -> Path | None:
+        """The last completed checkpoint, or None."""
+        tag = latest_tag(self.root)
+        return None if tag is None else self.root / tag
+
     def save(self, engine: Any, step: int, client_state: dict[str, Any], hf_files: Any) -> Path:
         """Save on every rank (ZeRO shards live everywhere); rank 0 adds ``hf/`` and prunes.
 

@@ -22,7 +22,7 @@ from deepspeed.accelerator import get_accelerator
 
 from common.config import ConfigError
 from trainer.config import TrainConfig
-from trainer.runtime.optim import build_scheduler
+from trainer.runtime.optim import build_scheduler, param_groups
 
 REPO = Path(__file__).resolve().parents[2]
 YAML_OWNED_KEYS = (
@@ -35,8 +35,6 @@ YAML_OWNED_KEYS = (
     "bf16",
     "fp16",
 )
-# Parameters exempt from weight decay, as in BERT and DistilBERT.
-NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")
 
 
 @dataclass(frozen=True)
@@ -123,17 +121,11 @@ def offloads_optimizer(ds: dict[str, Any]) -> bool:
     return offload.get("device", "none") in ("cpu", "nvme")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if name.endswith(NO_DECAY) else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def build_engine(model: torch.nn.Module, cfg: TrainConfig, ds: dict[str, Any], device: torch.device) -> Any:
+    """``deepspeed.initialize`` with the AdamW + warmup/linear-decay schedule of the config.
 
-
-def build_engine(model: torch.nn.Module, cfg: TrainConfig, world_size: int, device: torch.device) -> Any:
-    """``deepspeed.initialize`` with the AdamW + warmup/linear-decay schedule of the config."""
-    ds = deepspeed_config(cfg, world_size)
+    ``ds`` is the run's one :func:`deepspeed_config` (also what tracking records).
+    """
     opt = cfg.optimizer
     groups = param_groups(model, opt.weight_decay)
 

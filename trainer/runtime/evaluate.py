@@ -42,8 +42,7 @@ class Evaluation:
             ids = ids.to(world.device)
             attention_mask = None if host_mask is None else host_mask.to(world.device)
             generator = seeded_generator(cfg.seed, EVAL_STREAM, world.rank, i, device=world.device)
-            masked, labels = masker(ids, attention_mask, generator)
-            self.batches.append((masked, attention_mask, labels))
+            self.batches.append((masker(ids, attention_mask, generator), attention_mask))
         self.teacher_reported = False
 
     def run(self, distiller: Distiller) -> dict[str, float]:
@@ -51,8 +50,8 @@ class Evaluation:
         if not self.batches:
             return {}
         totals: dict[str, torch.Tensor] = {}
-        for masked, attention_mask, labels in self.batches:
-            for key, value in distiller.evaluate(masked, attention_mask, labels).items():
+        for masked, attention_mask in self.batches:
+            for key, value in distiller.evaluate(masked, attention_mask).items():
                 totals[key] = totals.get(key, 0) + value.float()
         keys = sorted(totals)
         summed = torch.stack([totals[k] for k in keys])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
+
+from common.atomic import write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,4 @@ def truncate_after(path: Path, step: int) -> None:
             continue
         if record["step"] <= step:
             kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(line + "\n" for line in kept))

@@ -1,8 +1,26 @@
-"""The learning-rate schedule: linear warmup, then linear decay to zero at ``max_steps`` (DistilBERT)."""
+"""What the optimizer is given: parameter groups with weight decay, and the learning-rate schedule.
+
+Shared by distillation (``trainer.runtime.engine``) and fine-tuning (``trainer.commands.finetune``).
+The schedule is DistilBERT's: linear warmup, then linear decay to zero at ``max_steps``.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+# Parameters exempt from weight decay, as in BERT and DistilBERT: biases and LayerNorm weights.
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two AdamW groups: trainable parameters with ``weight_decay``, and the ``NO_DECAY`` ones without."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if name.endswith(NO_DECAY) else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def warmup_steps(max_steps: int, warmup_fraction: float) -> int:

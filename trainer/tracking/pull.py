@@ -4,7 +4,7 @@
 student logged by ``trainer.tracking.registry``). MLflow's transformers flavor stores the weights and
 config under ``model/`` and the tokenizer under ``components/tokenizer/``; DEST gets both side by
 side, so ``AutoModelForMaskedLM`` / ``AutoModelForSequenceClassification`` / ``AutoTokenizer``
-load it with ``from_pretrained(DEST)``. DEST appears complete or not at all (temp dir + rename).
+load it with ``from_pretrained(DEST)``. DEST appears complete or not at all (``common.atomic``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.atomic import atomic_directory
 from common.config import ConfigError
 from trainer.config import MlflowConfig
 from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
@@ -38,22 +39,17 @@ def pull(model_uri: str, dest: Path, tracking_uri: str) -> Path:
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or tracking_uri)
     source = describe(model_uri)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
-        # Download the version the alias points at now, even if the alias moves meanwhile.
-        exact = f"models:/{source['name']}/{source['version']}" if "version" in source else model_uri
+    # Download the version the alias points at now, even if the alias moves meanwhile.
+    exact = f"models:/{source['name']}/{source['version']}" if "version" in source else model_uri
+    with atomic_directory(dest) as out, tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{dest.name}.") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(exact, dst_path=tmp))
         if not (local / "model" / "config.json").is_file():
             raise ConfigError(f"{model_uri}: not a student logged by `python -m trainer register` (no model/)")
-        out = Path(tmp) / "hf"
-        shutil.copytree(local / "model", out)
+        shutil.copytree(local / "model", out, dirs_exist_ok=True)
         tokenizer = local / "components" / "tokenizer"
         if tokenizer.is_dir():
             shutil.copytree(tokenizer, out, dirs_exist_ok=True)
         (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
-        if dest.exists():
-            dest.rmdir()
-        out.rename(dest)
     return dest
 
 
