@@ -1,0 +1,49 @@
+"""One atomic directory writer: all or nothing, readable by everyone, replacing whole."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from common.atomic import atomic_directory, write_text_atomically
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_finished_block_publishes_the_directory_readable_by_all(tmp_path: Path) -> None:
+    dest = tmp_path / "models" / "student"
+    with atomic_directory(dest) as tmp:
+        assert not dest.exists()  # nothing visible under the final name while writing
+        (tmp / "config.json").write_text("{}")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights").write_bytes(b"x")
+        (tmp / "sub" / "weights").chmod(0o600)
+    assert mode(dest) == 0o755 and mode(dest / "sub") == 0o755  # not mkdtemp's 0700
+    assert mode(dest / "config.json") == 0o644 and mode(dest / "sub" / "weights") == 0o644
+    assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["student"]  # no leftovers
+
+
+def test_a_new_directory_replaces_the_old_one_whole_and_a_failure_keeps_it(tmp_path: Path) -> None:
+    dest = tmp_path / "student"
+    with atomic_directory(dest) as tmp:
+        (tmp / "old-only").write_text("1")
+        (tmp / "config.json").write_text("old")
+    with atomic_directory(dest) as tmp:
+        (tmp / "config.json").write_text("new")
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json"]  # replaced, not merged
+    with pytest.raises(RuntimeError), atomic_directory(dest) as tmp:
+        (tmp / "config.json").write_text("partial")
+        raise RuntimeError("the writer failed")
+    assert (dest / "config.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student"]
+
+
+def test_text_is_replaced_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.json"
+    write_text_atomically(path, "a")
+    write_text_atomically(path, "b")
+    assert path.read_text() == "b" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]

@@ -1,0 +1,104 @@
+"""The package layout holds: no import cycle, each package imports alone, and the layers point one way.
+
+The rules are the map in docs/architecture.md: ``common`` is shared by everything and imports
+nothing of ours; ``preprocessing`` and ``trainer`` never import each other; inside the trainer the
+objective (what a step optimises) knows nothing of the runtime (how it runs at scale), the
+commands or MLflow, and the MLflow package (what downstream teams import to pull a student)
+knows nothing of DeepSpeed, the objective, the runtime or the commands.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+PACKAGES = ("common", "preprocessing", "trainer")
+
+# package prefix -> what it must never import (imports inside functions included)
+FORBIDDEN = {
+    "common": ("preprocessing", "trainer"),
+    "preprocessing": ("trainer",),
+    "trainer": ("preprocessing",),
+    "trainer.objective": ("trainer.runtime", "trainer.commands", "trainer.tracking", "deepspeed"),
+    "trainer.runtime": ("trainer.commands", "trainer.tracking"),
+    "trainer.tracking": ("trainer.objective", "trainer.runtime", "trainer.commands", "deepspeed"),
+    "trainer.modeling": ("trainer.objective", "trainer.runtime", "trainer.commands", "trainer.tracking", "deepspeed"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, at the top or inside a function, as absolute names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return names
+
+
+def project_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_no_import_cycle() -> None:
+    graph = project_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_layers_import_only_downwards() -> None:
+    violations = []
+    for name, path in project_modules().items():
+        for package, forbidden in FORBIDDEN.items():
+            if within(name, package):
+                violations += [f"{name} imports {m}" for m in imports_of(path) for f in forbidden if within(m, f)]
+    assert not violations, "\n".join(sorted(set(violations)))
+
+
+@pytest.mark.parametrize(
+    "package", ["common", "preprocessing", "trainer.objective", "trainer.runtime", "trainer.tracking", "trainer"]
+)
+def test_each_package_imports_alone(package: str) -> None:
+    """Every module of ``package`` imports in a fresh interpreter that has imported nothing else of ours."""
+    names = [n for n in project_modules() if within(n, package) and not n.endswith("__main__")]
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *names], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
