@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
-import threading
-from concurrent.futures import Future
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from common.config import ConfigError
@@ -61,48 +55,8 @@ def tokenizer_identity(tokenizer: Any, name_or_path: str) -> dict[str, Any]:
 
 def describe_tokenizer(name_or_path: str) -> dict[str, Any]:
     """What a process that never imports transformers needs: the identity and the serialised
-    Rust core (``tokenizers.Tokenizer.from_str`` rebuilds it)."""
+    Rust core (``tokenizers.Tokenizer.from_str`` rebuilds it).
+
+    Raises :class:`ConfigError` as :func:`load_tokenizer` does."""
     tokenizer = load_tokenizer(name_or_path)
     return {"identity": tokenizer_identity(tokenizer, name_or_path), "json": tokenizer.backend_tokenizer.to_str()}
-
-
-def describe_tokenizer_in_background(name_or_path: str) -> Future[dict[str, Any]]:
-    """:func:`describe_tokenizer` in a fresh child process.
-
-    transformers imports torch to resolve any tokenizer (1.6-1.8 s and 283 MB here); in a child it
-    overlaps whatever the caller imports meanwhile, and torch never enters the caller. The child
-    leaves with ``os._exit`` as soon as it has answered: an orderly exit, tearing torch down,
-    costs another 0.5 CPU-s that would compete with the caller's own start-up (measured).
-    """
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_describe_and_exit, args=(sender, name_or_path), daemon=True)
-    child.start()
-    sender.close()
-    future: Future[dict[str, Any]] = Future()
-    threading.Thread(target=_deliver, args=(receiver, child, future), daemon=True).start()
-    return future
-
-
-def _describe_and_exit(sender: Connection, name_or_path: str) -> None:
-    try:
-        sender.send(describe_tokenizer(name_or_path))
-    except Exception as err:  # handed to the caller, which raises it
-        sender.send(err)
-    sender.close()
-    os._exit(0)
-
-
-def _deliver(receiver: Connection, child: BaseProcess, future: Future[dict[str, Any]]) -> None:
-    """The child's answer (a description or an exception) into ``future``."""
-    try:
-        answer = receiver.recv()
-    except EOFError:  # the child died before answering
-        answer = None
-    child.join()
-    if answer is None:
-        answer = ConfigError(f"tokenizer: the process loading it died (exit code {child.exitcode})")
-    if isinstance(answer, Exception):
-        future.set_exception(answer)
-    else:
-        future.set_result(answer)

@@ -26,7 +26,7 @@ def clean_text(text: str) -> tuple[str, bool]:
         removed = True
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)
-    # str.split() runs in C: per line, collapse whitespace runs; blank lines vanish. (Regex
-    # substitutions doing the same were 2.5x slower on the documentation corpora.)
+    # Per line, collapse whitespace runs; blank lines vanish. str.split() is one C loop with no
+    # pattern matching, cheaper than regex substitutions doing the same (docs/benchmarks.md).
     lines = (" ".join(line.split()) for line in text.split("\n"))
     return "\n".join(line for line in lines if line), removed

@@ -84,8 +84,9 @@ def pack_sequences(stream: np.ndarray, max_seq_len: int, cls_id: int, pad_id: in
 
 
 def token_frequencies(sequences: np.ndarray, vocab_size: int, pad_id: int) -> np.ndarray:
-    """How often each id occurs, padding left out. Counted in cache-sized chunks: ``bincount``
-    over a whole shard at once is 10x slower (it widens all ids to int64 first)."""
+    """How often each id occurs, padding left out. ``bincount`` first copies the ids it is given
+    to int64; counted in cache-sized chunks, that copy stays in the cache instead of being a
+    whole shard's worth."""
     ids = sequences.reshape(-1)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for start in range(0, len(ids), _COUNT_CHUNK):

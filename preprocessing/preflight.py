@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.config import ConfigError
+from common.tokenizer import describe_tokenizer
 from preprocessing.config import PreprocessConfig
 from preprocessing.manifest import MANIFEST, WORK_DIR
 from preprocessing.packing import tokenizer_dtype
@@ -99,13 +99,11 @@ def check_beam_options(options: dict[str, Any]) -> None:
             raise ConfigError(f"beam.{key}: not a Beam pipeline option")
 
 
-def preflight(cfg: PreprocessConfig, tokenizer: Future[dict[str, Any]]) -> tuple[RunPlan, str]:
-    """The plan and the tokenizer's serialised core, for ``plan.tokenizer_file``.
-
-    ``tokenizer``: ``common.tokenizer.describe_tokenizer_in_background(cfg.tokenizer)``."""
+def preflight(cfg: PreprocessConfig) -> tuple[RunPlan, str]:
+    """The plan and the tokenizer's serialised core, for ``plan.tokenizer_file``."""
     check_beam_options(cfg.beam_options())
     files, input_bytes = resolve_inputs(cfg.input)
-    described = tokenizer.result()
+    described = describe_tokenizer(cfg.tokenizer)
     identity = described["identity"]
     ids = identity["special_token_ids"]
     missing = [name for name in ("cls", "sep", "pad") if name not in ids]

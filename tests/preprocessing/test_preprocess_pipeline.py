@@ -18,7 +18,6 @@ from helpers import TINY_DATASET_SETTINGS, build_dataset
 from transformers import AutoTokenizer
 
 from common.config import load_config
-from common.tokenizer import describe_tokenizer_in_background
 from preprocessing.cleaning import clean_text
 from preprocessing.config import PreprocessConfig
 from preprocessing.packing import document_hash, hash_split
@@ -175,7 +174,7 @@ def test_the_pipeline_graph_does_not_carry_the_tokenizer(tmp_path, bert_tokenize
     through a work file instead, read only by the step that tokenizes."""
     overrides = [f"input=[{sample_corpus}]", f"tokenizer={bert_tokenizer_dir}", f"output={tmp_path}"]
     cfg = load_config(PreprocessConfig, overrides=overrides)
-    plan, tokenizer_json = preflight(cfg, describe_tokenizer_in_background(cfg.tokenizer))
+    plan, tokenizer_json = preflight(cfg)
     pipeline = beam.Pipeline(options=PipelineOptions(flags=[]))
     build_pipeline(pipeline, cfg, plan)
     graph = pipeline.to_runner_api().SerializeToString()
