@@ -20,8 +20,7 @@ import tempfile
 from pathlib import Path
 
 from common.config import ConfigError
-from trainer.config import MlflowConfig
-from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
+from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
