@@ -9,11 +9,11 @@ or data is touched.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import field
 from typing import Literal
 
 from common.config import require
+from trainer.tracking.config import MlflowConfig
 
 
 @dataclasses.dataclass
@@ -213,51 +213,6 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass
-class MlflowConfig:
-    """MLflow tracking and registry (``trainer/tracking/tracker.py``, ``trainer/tracking/registry.py``, docs/mlflow.md).
-
-    Tracking never stops training: while the server is unreachable, metrics wait in memory and
-    a background thread retries with exponential backoff (``retry_initial_s`` doubling up to
-    ``retry_max_s``); ``finish_timeout_s`` bounds how long the end of training waits for them.
-    """
-
-    enabled: bool = True  # false: no run in the default store (naming a tracking_uri or register_as tracks anyway)
-    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: str = "distillation"
-    run_name: str | None = None
-    register_as: str | None = None  # registered model name for the exported student
-    alias: str | None = None  # alias given to the new version, e.g. "candidate"
-    system_metrics: bool = True  # CPU, memory, disk, network, GPU of every node, as system/<node>/...
-    system_metrics_interval_s: float = 10.0
-    request_timeout_s: int = 15  # one HTTP request to the server (MLFLOW_HTTP_REQUEST_TIMEOUT unless set)
-    start_timeout_s: float = 30.0  # how long start waits for the run to exist (so its id reaches checkpoints)
-    finish_timeout_s: float = 120.0  # how long the end of training waits for buffered metrics to reach MLflow
-    retry_initial_s: float = 1.0
-    retry_max_s: float = 30.0
-    register_attempts: int = 3
-
-    @property
-    def tracks(self) -> bool:
-        """Whether runs are tracked: a server or a model to register named explicitly wins over enabled=false
-        (so ``mlflow.tracking_uri=URI`` works as written on a preset that disables the default store)."""
-        return self.enabled or self.tracking_uri is not None or self.register_as is not None
-
-    def validate(self) -> None:
-        require(bool(self.experiment), "mlflow.experiment", "must not be empty")
-        require(self.alias is None or self.register_as is not None, "mlflow.alias", "needs mlflow.register_as")
-        require(
-            self.alias is None or (self.alias != "latest" and not re.fullmatch(r"[vV]\d+", self.alias)),
-            "mlflow.alias",
-            "'latest' and v<number> are reserved by MLflow",
-        )
-        for key in ("system_metrics_interval_s", "request_timeout_s", "retry_initial_s", "retry_max_s"):
-            require(getattr(self, key) > 0, f"mlflow.{key}", "must be > 0")
-        for key in ("start_timeout_s", "finish_timeout_s"):
-            require(getattr(self, key) >= 0, f"mlflow.{key}", "must be >= 0")
-        require(self.register_attempts >= 1, "mlflow.register_attempts", "must be >= 1")
-
-
-@dataclasses.dataclass
 class TrainConfig:
     teacher: str  # Hugging Face masked-LM: local directory or hub id
     data: str  # dataset directory written by `python -m preprocessing`
@@ -275,7 +230,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # defined in trainer/tracking/config.py
 
     def validate(self) -> None:
         require(self.max_steps >= 1, "max_steps", "must be >= 1")

@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from common.config import flatten, load_config, to_dict
+from trainer.commands.run_record import dataset_fingerprint
 from trainer.config import TrainConfig
-from trainer.tracking.tracker import dataset_fingerprint
 
 pytestmark = pytest.mark.integration
 

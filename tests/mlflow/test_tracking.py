@@ -1,8 +1,9 @@
-"""The Tracker against a real MLflow server, and against no server at all."""
+"""The Tracker against a real MLflow server, against no server at all, and with tracking off."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -10,8 +11,10 @@ import pytest
 import yaml
 
 from common.config import flatten, load_config, to_dict
+from trainer.commands.run_record import dataset_fingerprint, training_run_spec
 from trainer.config import TrainConfig
-from trainer.tracking.tracker import Tracker, dataset_fingerprint
+from trainer.tracking.registry import register_or_explain
+from trainer.tracking.tracker import NullTracker, Tracker, start_tracker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +40,25 @@ def write_config(tmp_path: Path, manifest: dict, **mlflow: object) -> tuple[Path
     return config, load_config(TrainConfig, config)
 
 
+def start(
+    cfg: TrainConfig,
+    config_path: Path,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    resume_run_id: str | None = None,
+    deepspeed_config: dict | None = None,
+) -> Tracker | NullTracker:
+    """The tracker as ``train`` starts it."""
+    return start_tracker(
+        cfg.mlflow,
+        rank=rank,
+        world_size=world_size,
+        resume_run_id=resume_run_id,
+        run_spec=lambda: training_run_spec(cfg, str(config_path), deepspeed_config or {}, world_size),
+    )
+
+
 DS_CONFIG = {"zero_optimization": {"stage": 2}, "train_batch_size": 8}
 MANIFEST = {
     "format_version": 1,
@@ -57,14 +79,13 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
         run_name="first",
         system_metrics_interval_s=0.2,
     )
-    tracker = Tracker.start(
-        cfg, rank=0, world_size=2, resume_run_id=None, config_path=str(config_path), deepspeed_config=DS_CONFIG
-    )
+    tracker = start(cfg, config_path, world_size=2, deepspeed_config=DS_CONFIG)
+    assert isinstance(tracker, Tracker)
     assert tracker.run_id is not None  # created during start: the first checkpoint can store it
     for step in range(1, 6):
         tracker.log_metrics({"loss": 10.0 / step, "lr": 1e-4 * step}, step)
     time.sleep(0.5)  # let a few system samples accumulate
-    tracker.finish(None, {"eval/mlm_accuracy": 0.25})
+    tracker.finish({"eval/mlm_accuracy": 0.25})
 
     client = MlflowClient(mlflow_server.uri)
     run = client.get_run(tracker.run_id)
@@ -84,9 +105,10 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
     history = client.get_metric_history(tracker.run_id, "loss")
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(s, 10.0 / s) for s in range(1, 6)]
     assert run.data.metrics["eval/mlm_accuracy"] == 0.25
-    system = [key for key in run.data.metrics if key.startswith(f"system/{tracker.node}/")]
-    assert f"system/{tracker.node}/cpu_utilization_percentage" in system
-    assert f"system/{tracker.node}/system_memory_usage_megabytes" in system
+    node = tracker.delivery.node
+    system = [key for key in run.data.metrics if key.startswith(f"system/{node}/")]
+    assert f"system/{node}/cpu_utilization_percentage" in system
+    assert f"system/{node}/system_memory_usage_megabytes" in system
     artifacts = {a.path for d in ("config", "deepspeed", "dataset") for a in client.list_artifacts(tracker.run_id, d)}
     assert artifacts == {
         "config/run.yaml",
@@ -102,10 +124,10 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
 
     # A relaunch that resumes from a checkpoint appends to the same run, even with a changed max_steps.
     cfg.max_steps = 9
-    resumed = Tracker.start(cfg, rank=0, world_size=2, resume_run_id=tracker.run_id, config_path=str(config_path))
+    resumed = start(cfg, config_path, world_size=2, resume_run_id=tracker.run_id)
     assert resumed.run_id == tracker.run_id
     resumed.log_metrics({"loss": 1.0}, 6)
-    resumed.finish(None, {})
+    resumed.finish({})
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["max_steps"] == "7"  # MLflow params are immutable; the original stays
@@ -126,13 +148,38 @@ def test_dead_server_never_blocks_training(tmp_path, dead_tracking_uri, tiny_stu
         retry_initial_s=0.1,
     )
     began = time.monotonic()
-    tracker = Tracker.start(cfg, rank=0, world_size=1, resume_run_id=None, config_path=str(config_path))
+    tracker = start(cfg, config_path)
     assert tracker.run_id is None
     for step in range(1, 2001):
         tracker.log_metrics({"loss": 1.0, "lr": 0.1}, step)
-    tracker.finish(tiny_student_dir, {"eval/mlm_loss": 2.0})
+    tracker.finish({"eval/mlm_loss": 2.0})
+    register_or_explain(tiny_student_dir, cfg.mlflow, tracker)  # what train does after finish
     # MLflow's default client would retry each request for ~4 minutes; the tracker gives up in ~2 s.
     assert time.monotonic() - began < 30
     err = capsys.readouterr().err
     command = f"python -m trainer register {tiny_student_dir} --name student --alias candidate"
     assert f"{command} --tracking-uri {dead_tracking_uri}\n" in err
+
+
+def test_a_process_that_records_nothing_gets_a_null_tracker(tmp_path, monkeypatch):
+    """Tracking off, or a rank other than 0 with no system metrics to add: a NullTracker. It starts no
+    thread, never makes the run spec, and writes nothing (no mlflow.db, no mlruns/ in the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _, cfg = write_config(tmp_path, MANIFEST, enabled=False)
+    before = set(tmp_path.iterdir())
+    threads = set(threading.enumerate())
+
+    def no_spec() -> None:
+        raise AssertionError("a process that records nothing never makes the run spec")
+
+    off = start_tracker(cfg.mlflow, rank=0, world_size=1, resume_run_id=None, run_spec=no_spec)
+    cfg.mlflow.enabled, cfg.mlflow.system_metrics = True, False
+    other_rank = start_tracker(cfg.mlflow, rank=1, world_size=2, resume_run_id=None, run_spec=no_spec)
+    for tracker in (off, other_rank):
+        assert isinstance(tracker, NullTracker)
+        assert tracker.run_id is None and tracker.tracking_uri == "sqlite:///mlflow.db"
+        tracker.log_metrics({"loss": 1.0}, 1)
+        tracker.finish({"eval/mlm_loss": 2.0})
+    assert set(threading.enumerate()) == threads
+    assert set(tmp_path.iterdir()) == before

@@ -31,7 +31,8 @@ from common.cli import split_config_args
 from common.config import ConfigError, flatten, load_config, require, to_dict
 from trainer.config import MlflowConfig
 from trainer.runtime.optim import build_scheduler, param_groups
-from trainer.tracking.tracker import RunSpec, Tracker
+from trainer.tracking.registry import register_or_explain
+from trainer.tracking.tracker import RunSpec, open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_ids
         )
-    tracker = Tracker(cfg.mlflow, spec=run_spec(cfg, config_path, source, names), task="text-classification")
+    tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
     train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
     valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
     log.info("fine-tuning %s on %d examples, validating on %d", cfg.model, len(train.texts), len(valid.texts))
@@ -138,7 +139,8 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     model_out = save_model(model, tokenizer, output_dir / "model")
     result.update(steps=step, labels=names, model=str(model_out), source=source)
     write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
-    tracker.finish(model_out, {"eval/accuracy": result["accuracy"]})
+    tracker.finish({"eval/accuracy": result["accuracy"]})
+    register_or_explain(model_out, cfg.mlflow, tracker, task="text-classification")
     return result
 
 
@@ -257,8 +259,8 @@ def resolve_model(cfg: FinetuneConfig, scratch: Path) -> tuple[Path, dict[str, s
         if not (path / "config.json").is_file():
             raise ConfigError(f"model: {path} is not a Hugging Face model directory (no config.json)")
         return path, {"model_uri": str(path)}
+    from trainer.tracking.config import resolve_tracking_uri
     from trainer.tracking.pull import SOURCE_FILE, pull
-    from trainer.tracking.tracker import resolve_tracking_uri
 
     pull(cfg.model, scratch, resolve_tracking_uri(cfg.mlflow))
     return scratch, json.loads((scratch / SOURCE_FILE).read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.commands.export import export
+from trainer.commands.run_record import training_run_spec
 from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
 from trainer.objective.distiller import Distiller, validate_against_teacher
@@ -36,7 +37,8 @@ from trainer.runtime.engine import build_engine, deepspeed_config, init_distribu
 from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
-from trainer.tracking.tracker import Tracker
+from trainer.tracking.registry import register_or_explain
+from trainer.tracking.tracker import start_tracker
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +90,12 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     if resumed and world.is_main:
         log.info("resumed from step %d in %s", step, checkpoints.root)
     # Rank 0 tracks the run in MLflow (a resumed run continues its MLflow run); never blocks a step.
-    tracker = Tracker.start(
-        cfg,
+    tracker = start_tracker(
+        cfg.mlflow,
         rank=world.rank,
         world_size=world.world_size,
         resume_run_id=resumed.get("mlflow_run_id"),
-        config_path=config_path,
-        deepspeed_config=ds_config,
+        run_spec=lambda: training_run_spec(cfg, config_path, ds_config, world.world_size),
     )
 
     loader = TrainLoader(
@@ -163,7 +164,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         export(checkpoints.root, student_dir)
         log.info("exported the student to %s", student_dir)
     dist.barrier()
-    tracker.finish(student_dir if world.is_main else None, {})  # registers the student if mlflow.register_as
+    tracker.finish({})
+    if world.is_main:
+        register_or_explain(student_dir, cfg.mlflow, tracker)  # if mlflow.register_as
     return student_dir
 
 

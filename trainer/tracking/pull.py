@@ -21,8 +21,7 @@ from pathlib import Path
 
 from common.atomic import atomic_directory
 from common.config import ConfigError
-from trainer.config import MlflowConfig
-from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
+from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,14 @@ import logging
 import shlex
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.config import ConfigError
-from trainer.config import MlflowConfig
-from trainer.tracking.tracker import limit_http_retries, resolve_tracking_uri
+from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from trainer.tracking.tracker import NullTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,11 @@ def register_student(
         try:
             tags = version_tags(client, run_id) if run_id else {}
             if model_uri is None:
-                with mlflow.start_run(run_id=run_id) if run_id else nullcontext():
+                # In the run, resumed for this and ended FINISHED as the tracker left it, even when logging
+                # fails: a failed upload must not mark the training run FAILED (as `with start_run` would).
+                if run_id:
+                    mlflow.start_run(run_id=run_id)
+                try:
                     info = mlflow.transformers.log_model(
                         model,
                         name="student",
@@ -69,6 +74,9 @@ def register_student(
                         pip_requirements=pip_requirements(),
                         tags=tags,
                     )
+                finally:
+                    if run_id:
+                        mlflow.end_run()
                 model_uri = info.model_uri
             if version is None:
                 version = mlflow.register_model(model_uri, name, tags=tags)
@@ -120,6 +128,24 @@ def pip_requirements() -> list[str]:
     import transformers
 
     return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
+
+
+def register_or_explain(
+    model_dir: Path, cfg: MlflowConfig, run: Tracker | NullTracker, *, task: str = "fill-mask"
+) -> None:
+    """At the end of a finished run: register ``model_dir`` as ``mlflow.register_as`` (retrying), if set.
+    On failure the model stays where it is and the error and the one command to register it later are printed."""
+    if not cfg.register_as:
+        return
+    target = {"name": cfg.register_as, "alias": cfg.alias, "run_id": run.run_id, "tracking_uri": run.tracking_uri}
+    try:
+        if not run.created:
+            raise RuntimeError(f"the MLflow run was never created at {run.tracking_uri}")
+        register_student(model_dir, **target, task=task, attempts=cfg.register_attempts, backoff_s=cfg.retry_initial_s)
+    except Exception as err:
+        command = register_command(model_dir, **target, task=task)
+        log.error("MLflow: registering the student failed: %s", err)
+        print(f"The model stays in {model_dir}. Register it later with:\n  {command}", file=sys.stderr)
 
 
 def register_command(

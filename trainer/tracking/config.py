@@ -1,0 +1,67 @@
+"""The ``mlflow:`` config section and where it points: the tracking URI, how long one request may take."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from common.config import require
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+@dataclasses.dataclass
+class MlflowConfig:
+    """MLflow tracking and registry (``trainer/tracking/``, docs/mlflow.md).
+
+    Tracking never stops training: while the server is unreachable, metrics wait in memory and
+    a background thread retries with exponential backoff (``retry_initial_s`` doubling up to
+    ``retry_max_s``); ``finish_timeout_s`` bounds how long the end of training waits for them.
+    """
+
+    enabled: bool = True  # false: no run in the default store (naming a tracking_uri or register_as tracks anyway)
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    experiment: str = "distillation"
+    run_name: str | None = None
+    register_as: str | None = None  # registered model name for the exported student
+    alias: str | None = None  # alias given to the new version, e.g. "candidate"
+    system_metrics: bool = True  # CPU, memory, disk, network, GPU of every node, as system/<node>/...
+    system_metrics_interval_s: float = 10.0
+    request_timeout_s: int = 15  # one HTTP request to the server (MLFLOW_HTTP_REQUEST_TIMEOUT unless set)
+    start_timeout_s: float = 30.0  # how long start waits for the run to exist (so its id reaches checkpoints)
+    finish_timeout_s: float = 120.0  # how long the end of training waits for buffered metrics to reach MLflow
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+    register_attempts: int = 3
+
+    @property
+    def tracks(self) -> bool:
+        """Whether runs are tracked: a server or a model to register named explicitly wins over enabled=false
+        (so ``mlflow.tracking_uri=URI`` works as written on a preset that disables the default store)."""
+        return self.enabled or self.tracking_uri is not None or self.register_as is not None
+
+    def validate(self) -> None:
+        require(bool(self.experiment), "mlflow.experiment", "must not be empty")
+        require(self.alias is None or self.register_as is not None, "mlflow.alias", "needs mlflow.register_as")
+        require(
+            self.alias is None or (self.alias != "latest" and not re.fullmatch(r"[vV]\d+", self.alias)),
+            "mlflow.alias",
+            "'latest' and v<number> are reserved by MLflow",
+        )
+        for key in ("system_metrics_interval_s", "request_timeout_s", "retry_initial_s", "retry_max_s"):
+            require(getattr(self, key) > 0, f"mlflow.{key}", "must be > 0")
+        for key in ("start_timeout_s", "finish_timeout_s"):
+            require(getattr(self, key) >= 0, f"mlflow.{key}", "must be >= 0")
+        require(self.register_attempts >= 1, "mlflow.register_attempts", "must be >= 1")
+
+
+def resolve_tracking_uri(cfg: MlflowConfig) -> str:
+    """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store."""
+    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def limit_http_retries(cfg: MlflowConfig) -> None:
+    """Make one MLflow HTTP request fail fast (unless the user chose otherwise): we retry ourselves."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(cfg.request_timeout_s))
