@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from common.config import require
 from trainer.tracking.config import MlflowConfig
@@ -118,6 +118,9 @@ class ObjectiveConfig:
     temperature: float = 2.0
     ce_positions: Literal["masked", "all"] = "masked"
     # Intermediate-layer distillation (trainer/objective/layer_distillation.py), combinable with the terms above.
+    # Each name in LAYER_METHODS is both a section below and the module trainer/objective/layer_methods/<name>.py
+    # that implements it, so a new method is that module plus its section here; terms are summed in this order.
+    LAYER_METHODS: ClassVar[tuple[str, ...]] = ("tinybert", "pkd", "minilm")
     tinybert: TinyBertConfig = field(default_factory=TinyBertConfig)
     pkd: PkdConfig = field(default_factory=PkdConfig)
     minilm: MiniLmConfig = field(default_factory=MiniLmConfig)

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import BertConfig, BertForMaskedLM, BertModel, RobertaConfig, RobertaForMaskedLM
 
 from trainer.objective.capture import CaptureSpec, capture, encoder_parts
-from trainer.objective.layer_losses import scaled_relation
+from trainer.objective.layer_methods.base import scaled_relation
 
 SHAPE = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64, vocab_size=120)
 
@@ -91,7 +91,9 @@ def test_distiller_layer_terms_equal_a_direct_computation():
     from trainer.config import ObjectiveConfig, StudentConfig
     from trainer.modeling import build_student
     from trainer.objective.distiller import Distiller
-    from trainer.objective.layer_losses import attention_score_mse, hidden_mse, pkd_patient_loss, relation_kl
+    from trainer.objective.layer_methods.minilm import relation_kl
+    from trainer.objective.layer_methods.pkd import pkd_patient_loss
+    from trainer.objective.layer_methods.tinybert import attention_score_mse, hidden_mse
     from trainer.objective.masking import MaskedBatch
 
     teacher = build(BertForMaskedLM, BertConfig)
@@ -120,7 +122,8 @@ def test_distiller_layer_terms_equal_a_direct_computation():
         return getattr(encoder_parts(model)[1][layer].attention.self, name)(states[layer])
 
     layers = distiller.layer_distillation
-    w_e, w_h = layers.embedding_projection, layers.hidden_projection
+    w_e, w_h = layers.methods["tinybert"].embedding_projection, layers.methods["tinybert"].hidden_projection
+    w_p = layers.methods["pkd"].projection  # PKD's own, not TinyBERT's W_h
     expected = {
         "tinybert_embedding": hidden_mse(w_e(s_states[0]), t_states[0], mask),
         "tinybert_hidden": hidden_mse(w_h(s_states[1]), t_states[2], mask)
@@ -133,7 +136,7 @@ def test_distiller_layer_terms_equal_a_direct_computation():
             )
             for i, j in [(0, 1), (1, 3)]
         ),
-        "pkd": pkd_patient_loss(w_h(s_states[1][:, :1]), t_states[3][:, :1]),  # PKD-Last 4 -> 2: teacher layer 2
+        "pkd": pkd_patient_loss(w_p(s_states[1][:, :1]), t_states[3][:, :1]),  # PKD-Last 4 -> 2: teacher layer 2
         "minilm_attention": relation_kl(
             scaled_relation(projection(student, s_states, 1, "query"), projection(student, s_states, 1, "key"), 2),
             scaled_relation(projection(teacher, t_states, 3, "query"), projection(teacher, t_states, 3, "key"), 2),

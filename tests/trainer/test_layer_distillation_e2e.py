@@ -3,9 +3,10 @@
 ``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml`` on two CPU ranks, with the real
 all-MiniLM-L6-v2 encoder as teacher: 6 layers x 384, 12 heads and NO masked-LM head, so only
 objectives that need no teacher logits are possible. The student is narrower (3 x 48, 12 heads),
-which exercises the learned projections W_e and W_h (48 -> 384); PKD compares its layers 0-1 with
-teacher layers 1 and 3; MiniLM's last-layer relations use 6 relation heads (head size 8 in the
-student, 64 in the teacher). One run costs about two minutes on 2 cores, so the families share it.
+which exercises the learned projections (48 -> 384): TinyBERT's W_e and W_h, and PKD's own; PKD
+compares its layers 0-1 with teacher layers 1 and 3; MiniLM's last-layer relations use 6 relation
+heads (head size 8 in the student, 64 in the teacher). One run costs about two minutes on 2 cores,
+so the families share it.
 """
 
 from __future__ import annotations
@@ -99,9 +100,8 @@ def test_projections_train_in_the_engine_and_stay_out_of_the_export(layer_run: P
 
     checkpoints = layer_run / "checkpoints"
     states = [get_fp32_state_dict_from_zero_checkpoint(str(checkpoints), tag=f"step-{s:08d}") for s in (8, 16)]
-    projections = [
-        f"layer_distillation.{p}_projection.{w}" for p in ("embedding", "hidden") for w in ("weight", "bias")
-    ]
+    owners = ("tinybert.embedding_projection", "tinybert.hidden_projection", "pkd.projection")
+    projections = [f"layer_distillation.methods.{p}.{w}" for p in owners for w in ("weight", "bias")]
     for name in projections:
         assert states[0][name].shape[0] == 384  # 48 -> 384
         assert not torch.equal(states[0][name], states[1][name]), f"{name} did not change between checkpoints"

@@ -11,14 +11,11 @@ from transformers import BertConfig
 from common.config import ConfigError, load_config
 from trainer.config import ObjectiveConfig
 from trainer.objective.capture import Captured
-from trainer.objective.layer_distillation import LayerDistillation, pkd_layer_map, uniform_layer_map
-from trainer.objective.layer_losses import (
-    attention_score_mse,
-    hidden_mse,
-    pkd_patient_loss,
-    relation_kl,
-    scaled_relation,
-)
+from trainer.objective.layer_distillation import LayerDistillation
+from trainer.objective.layer_methods.base import scaled_relation, uniform_layer_map
+from trainer.objective.layer_methods.minilm import relation_kl
+from trainer.objective.layer_methods.pkd import pkd_layer_map, pkd_patient_loss
+from trainer.objective.layer_methods.tinybert import attention_score_mse, hidden_mse
 
 # Two sequences of length 5; the second has two padded positions.
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
@@ -143,7 +140,7 @@ def test_tinybert_terms_use_the_uniform_map_and_the_projections():
     layers = LayerDistillation(
         objective("tinybert.embedding=1", "tinybert.hidden=1", "tinybert.attention=1"), TEACHER, NARROW
     )
-    assert layers.tinybert_map == [(0, 1), (1, 3)]
+    assert layers.methods["tinybert"].pairs == [(0, 1), (1, 3)]
     student_spec, teacher_spec = layers.capture_specs()
     assert (student_spec.embeddings, student_spec.hidden, student_spec.qkv) == (True, (0, 1), (0, 1))
     assert (teacher_spec.embeddings, teacher_spec.hidden, teacher_spec.qkv) == (True, (1, 3), (1, 3))
@@ -151,7 +148,7 @@ def test_tinybert_terms_use_the_uniform_map_and_the_projections():
     s, t = captured(NARROW, range(2), seed=100, requires_grad=True), captured(TEACHER, range(4), seed=200)
     terms = layers(s, t, MASK)
     assert set(terms) == {"tinybert_embedding", "tinybert_hidden", "tinybert_attention"}
-    w_e, w_h = layers.embedding_projection, layers.hidden_projection
+    w_e, w_h = layers.methods["tinybert"].embedding_projection, layers.methods["tinybert"].hidden_projection
     assert terms["tinybert_embedding"].item() == pytest.approx(
         hidden_mse(w_e(s.embeddings), t.embeddings, MASK).item(), rel=1e-6
     )
@@ -173,7 +170,8 @@ def test_tinybert_terms_use_the_uniform_map_and_the_projections():
 def test_same_width_students_need_no_projection():
     same = BertConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32)
     layers = LayerDistillation(objective("tinybert.embedding=1", "tinybert.hidden=1", "pkd.weight=1"), TEACHER, same)
-    assert layers.embedding_projection is None and layers.hidden_projection is None
+    tiny, pkd = layers.methods["tinybert"], layers.methods["pkd"]
+    assert tiny.embedding_projection is None and tiny.hidden_projection is None and pkd.projection is None
     assert list(layers.parameters()) == []
 
 
@@ -182,7 +180,7 @@ def test_pkd_compares_normalised_first_tokens_of_intermediate_layers():
     teacher = BertConfig(hidden_size=24, num_hidden_layers=6, num_attention_heads=4, intermediate_size=32)
     for strategy, expected in (("skip", [(0, 1), (1, 3)]), ("last", [(0, 3), (1, 4)])):
         layers = LayerDistillation(objective("pkd.weight=100", f"pkd.strategy={strategy}"), teacher, student)
-        assert layers.pkd_map == expected and layers.weights == {"pkd": 100.0}
+        assert layers.methods["pkd"].pairs == expected and layers.weights == {"pkd": 100.0}
         assert layers.capture_specs()[1].hidden == tuple(t for _, t in expected)
         s, t = captured(student, range(3), seed=300), captured(teacher, range(6), seed=400)
         terms = layers(s, t, MASK)
@@ -200,7 +198,7 @@ def test_minilm_with_relation_heads_handles_different_width_and_head_count():
         TEACHER,
         student,
     )
-    assert layers.minilm_pair == (1, 2) and list(layers.parameters()) == []
+    assert layers.methods["minilm"].pair == (1, 2) and list(layers.parameters()) == []
     assert layers.capture_specs()[0].qkv == (1,) and layers.capture_specs()[1].qkv == (2,)
     s, t = captured(student, range(2), seed=500), captured(TEACHER, range(4), seed=600)
     terms = layers(s, t, MASK)
