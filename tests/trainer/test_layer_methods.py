@@ -19,6 +19,7 @@ from trainer.objective.capture import CaptureSpec
 from trainer.objective.distiller import Distiller
 from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
 from trainer.objective.layer_methods.base import LayerMethod
+from trainer.objective.masking import MaskedBatch
 
 # Each method built from its own config section alone: (overrides, map, student spec, teacher spec, parameters).
 ALONE = {
@@ -142,10 +143,10 @@ def test_a_new_method_is_one_new_file_plus_its_config_section(toy_module):
     # Through the Distiller: the toy's term is captured from real models, weighted and summed into the loss.
     torch.manual_seed(0)
     teacher, student = BertForMaskedLM(TEACHER).eval(), BertForMaskedLM(NARROW)
-    distiller = Distiller(student, teacher, load_config(ToyObjectiveConfig, None, [*settings, "mlm=1"]), 0.15)
+    distiller = Distiller(student, teacher, load_config(ToyObjectiveConfig, None, [*settings, "mlm=1"]))
     ids = torch.randint(5, 50, (2, 5), generator=torch.Generator().manual_seed(0))
     labels = torch.where(torch.arange(5) == 2, ids, -100)
-    out = distiller(ids, MASK, labels)
+    out = distiller(MaskedBatch.from_labels(ids, labels, budget=1), MASK)
     assert set(out) == {"loss", "mlm", "pkd", "toy"} and distiller.weights["toy"] == 3.0
     torch.testing.assert_close(out["loss"], out["mlm"] + out["pkd"] + 3.0 * out["toy"])
     out["loss"].backward()
