@@ -247,7 +247,7 @@ def render(plan: dict[str, Any]) -> str:
     if layers["weights"]:
         terms = ", ".join(f"{weight:g}·{name}" for name, weight in layers["weights"].items())
         lines.append(f"layer terms: {terms}; maps (student layer, teacher layer): {layers['maps']}")
-        lines.append(f"  projections W_e/W_h: {layers['projection_params']:,} params (trained, not exported)")
+        lines.append(f"  learned projections: {layers['projection_params']:,} params (trained, not exported)")
     b = plan["batch"]
     lines += [
         f"batch: micro {b['micro_batch_size']} x accumulation {b['gradient_accumulation_steps']} x world size "

@@ -81,7 +81,7 @@ class Distiller(nn.Module):
         self.student = student
         self._teacher = (teacher,)  # a tuple: not registered, so never partitioned, optimised or saved
         self.objective = objective
-        # Layer terms and their projections (W_e, W_h): a registered submodule, so trained and checkpointed.
+        # Layer methods and their learned projections: a registered submodule, so trained and checkpointed.
         self.layer_distillation = LayerDistillation(objective, teacher.config, student.config)
         self.capture_specs = self.layer_distillation.capture_specs()
         self.weights = {**active_weights(objective), **self.layer_distillation.weights}
