@@ -100,9 +100,8 @@ def summary_table(manifest: dict[str, Any], seconds: float) -> str:
                 f"{info['tokens']:,} / {info['samples']:,} / {len(info['shards'])}",
             )
         )
-    megabytes = manifest["input_bytes"] / 1e6
-    rows.append(
-        ("input MB / seconds / MB/s", f"{megabytes:,.1f} / {seconds:,.1f} / {megabytes / max(seconds, 1e-9):,.2f}")
-    )
+    megabytes = manifest["input_bytes"] / 1e6  # the text read, after decompression
+    rate = megabytes / max(seconds, 1e-9)
+    rows.append(("text MB (decompressed) / seconds / MB/s", f"{megabytes:,.1f} / {seconds:,.1f} / {rate:,.2f}"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -38,9 +38,9 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.runners.runner import PipelineRunner
+from apache_beam.runners.runner import PipelineRunner, create_runner
 
-from common.config import to_dict
+from common.config import ConfigError, to_dict
 from common.fast_exit import skip_final_collection
 from preprocessing.cleaning import clean_text
 from preprocessing.config import DIRECT_RUNNERS, PreprocessConfig
@@ -138,13 +138,19 @@ class ReadAndClean(WorkerDoFn):
                     yield from self._spill(buckets)
                     buckets, size = {}, 0
         yield from self._spill(buckets)
+        seconds = time.monotonic() - started
+        on_disk = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
         log.info(
-            "read %s: %d documents, %.1f MB in %.1fs (%d dropped)",
+            "read %s: %d documents (%d dropped), %.1f MB of text from %.1f MB on disk (%.0f%% of the input) "
+            "in %.1fs (%.1f MB/s of text)",
             path,
             counts["documents.read"],
-            counts["input_bytes"] / 1e6,
-            time.monotonic() - started,
             sum(n for k, n in counts.items() if k.startswith("documents.dropped.")),
+            counts["input_bytes"] / 1e6,
+            on_disk / 1e6,
+            100 * on_disk / max(self.plan.input_bytes, 1),
+            seconds,
+            counts["input_bytes"] / 1e6 / max(seconds, 1e-9),
         )
         for key, n in sorted(counts.items()):
             _count(key, n)
@@ -211,7 +217,7 @@ class TokenizeBucket(WorkerDoFn):
             yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
         seconds = time.monotonic() - started
         million_chars = sum(len(t) for split_texts in texts.values() for t in split_texts) / 1e6
-        log.info(
+        log.debug(  # one line per bucket, hundreds in a real run: the split totals are logged at INFO
             "bucket %d: %d documents (%d duplicates), %.1f M chars, %d tokens in %.1fs (%.2f M chars/s)",
             bucket,
             unique,
@@ -259,6 +265,24 @@ def batches(texts: list[str], batch_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
+def plan_split(element: tuple[str, Any], cfg: PreprocessConfig, plan: RunPlan) -> list[ShardTask]:
+    """A split's token streams (one per bucket) -> its shard tasks; logs the split's tokenized total.
+
+    Runs once per split, when every bucket is tokenized: the end of the tokenizing stage."""
+    split, streams = element[0], list(element[1])
+    tasks = plan_shards(split, streams, cfg.max_seq_len, cfg.samples_per_shard)
+    tokens = sum(n_tokens for _, n_tokens, _ in streams)
+    log.info(
+        "tokenized %s: %s text tokens from %d of %d hash buckets -> %d shards to write",
+        split,
+        f"{tokens:,}",
+        len(streams),
+        plan.num_buckets,
+        len(tasks),
+    )
+    return tasks
+
+
 def read_slice(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(read_file(path, start * dtype.itemsize, stop * dtype.itemsize), dtype=dtype)
 
@@ -284,7 +308,7 @@ class WriteShard(WorkerDoFn):
         if task.split == "train":
             counts = token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
             yield beam.pvalue.TaggedOutput(self.TOKEN_COUNTS, counts)
-        log.info("shard %s: %d sequences in %.2fs", entry["path"], len(sequences), time.monotonic() - started)
+        log.debug("shard %s: %d sequences in %.2fs", entry["path"], len(sequences), time.monotonic() - started)
 
 
 class SumArrays(beam.CombineFn):
@@ -351,8 +375,7 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan
     written = (
         tokenized.streams
         | "GroupStreams" >> beam.GroupByKey()
-        | "PlanShards"
-        >> beam.FlatMap(lambda kv: plan_shards(kv[0], list(kv[1]), cfg.max_seq_len, cfg.samples_per_shard))
+        | "PlanShards" >> beam.FlatMap(plan_split, cfg, plan)
         | "SpreadShards" >> beam.Reshuffle()
         | "WriteShard" >> beam.ParDo(WriteShard(cfg, plan)).with_outputs(WriteShard.TOKEN_COUNTS, main="entries")
     )
@@ -381,8 +404,11 @@ def clear_previous(output: str) -> None:
         delete_tree(FileSystems.join(output, name))
 
 
-def make_runner(options: PipelineOptions) -> PipelineRunner | str:
+def make_runner(options: PipelineOptions) -> PipelineRunner:
     """The runner ``beam.runner`` names; for the DirectRunner, the FnApiRunner it falls back to.
+
+    An unknown name is a ConfigError naming the valid ones (Beam's own message), raised before
+    anything is written.
 
     Beam's DirectRunner first tries the Prism runner, a binary it downloads at run time:
     offline that is a failed download on every run, online a silent change of runner. The
@@ -390,32 +416,39 @@ def make_runner(options: PipelineOptions) -> PipelineRunner | str:
     the workers), runs the configured ``direct_running_mode`` and ``direct_num_workers``."""
     name = options.view_as(StandardOptions).runner
     if name not in DIRECT_RUNNERS:
-        return name
+        try:
+            return create_runner(name)
+        except ValueError as err:  # "Unexpected pipeline runner: X. Valid values are ..."
+            raise ConfigError(f"beam.runner: {err}") from None
+        except ImportError as err:  # a known runner whose extra is not installed, e.g. apache-beam[gcp]
+            raise ConfigError(f"beam.runner: {name} cannot be loaded: {err}") from None
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    # Only the options set: the workers parse them again, and some defaults (the DirectRunner's
+    # store_false flags) do not parse back, which each worker logged as "Discarding unparseable args".
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options(drop_default=True))
     provision = beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision))
 
 
 def run(cfg: PreprocessConfig) -> dict[str, Any]:
     """Validate, run the pipeline to completion, print the summary; returns the manifest."""
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    options = PipelineOptions(flags=[], **cfg.beam_options())
+    runner = make_runner(options)
     plan, tokenizer_json = preflight(cfg)
     clear_previous(plan.output)
     write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
     log.info(
-        "preprocessing %d files (%.1f MB) into %s with %s",
+        "preprocessing %d file(s), %.1f MB on disk (compressed size for compressed files), into %s with %s",
         len(plan.files),
         plan.input_bytes / 1e6,
         plan.output,
         cfg.beam_options(),
     )
     started = time.monotonic()
-    options = PipelineOptions(flags=[], **cfg.beam_options())
-    with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
+    with beam.Pipeline(runner=runner, options=options) as pipeline:
         build_pipeline(pipeline, cfg, plan)
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,36 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     result = json.loads((out / "finetune" / "metrics.json").read_text())
     assert 0.0 <= result["accuracy"] <= 1.0 and result["total"] == 160
     assert "mlflow ui --backend-store-uri" in proc.stdout  # ends by saying what to run next
+
+    # Quiet: no line from the sources silenced at their origin (issue 19) ...
+    output = proc.stdout + proc.stderr
+    silenced = [
+        r"WARNING root: apitools not found",  # the driver's (worker processes print theirs before our code runs)
+        r"local_job_service: Worker: .*No semi_persistent_directory",
+        r"Discarding unparseable args",
+        r"^INFO:preprocessing:bucket \d+:",
+        r"^INFO:preprocessing:shard ",
+        r"FutureWarning: `torch\.distributed\.all_gather_into_tensor` is deprecated",
+        r"LOAD REPORT",
+        r"deepspeed_shm_comm_op built",
+    ]
+    for pattern in silenced:
+        assert not re.search(pattern, output, re.MULTILINE), pattern
+    # ... and every line that says how it went.
+    summaries = [
+        r"preprocessing 1 file\(s\), 0\.9 MB on disk",
+        r"read \S+corpus\.jsonl\.gz: \d+ documents \(0 dropped\), 3\.1 MB of text from 0\.9 MB on disk",
+        r"tokenized train: [\d,]+ text tokens",
+        r"^text MB \(decompressed\) / seconds / MB/s +3\.1 / ",
+        r"distilling \S+ on 2 rank\(s\)",
+        r"^step 4/4 \| loss .* \| elapsed \w+ \| eta 0s$",
+        r"exported the student to ",
+        r"registered demo-minilm-3l version 1 as @demo",
+        r"pulled models:/demo-minilm-3l@demo",
+        r"new weights for the classification head: ",
+        r"step \d+/\d+ \| loss [\d.]+ \| elapsed \w+ \| eta \w+",
+        r"^validation accuracy ",
+        r"^=== done in ",
+    ]
+    for pattern in summaries:
+        assert re.search(pattern, output, re.MULTILINE), pattern

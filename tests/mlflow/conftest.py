@@ -131,7 +131,7 @@ class Launch:
         self.output_dir = output_dir
         self.log_path = output_dir.parent / f"{output_dir.name}.log"
         self.overrides = [f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}", *overrides]
-        cmd = [str(deepspeed), "--master_port", str(free_port()), "--num_gpus", "2", "launch/run.sh"]
+        cmd = [str(deepspeed), "--num_gpus", "2", "launch/run.sh"]
         cmd += ["configs/tiny-cpu.yaml", *self.overrides]
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         env.pop("MLFLOW_TRACKING_URI", None)  # the overrides name the server

@@ -111,7 +111,7 @@ def test_direct_runner_runs_the_configured_workers_not_prism(tmp_path):
     pids = [int(line) for path in tmp_path.glob("pids*") for line in path.read_text().split()]
     assert len(pids) == 3 and os.getpid() not in pids  # ran in worker processes
     dataflow = cfg.beam | {"runner": "DataflowRunner", "project": "p"}
-    assert make_runner(PipelineOptions(flags=[], **dataflow)) == "DataflowRunner"
+    assert type(make_runner(PipelineOptions(flags=[], **dataflow))).__name__ == "DataflowRunner"
 
 
 def test_inputs_are_dealt_largest_first(tmp_path):
@@ -120,3 +120,10 @@ def test_inputs_are_dealt_largest_first(tmp_path):
     files, total = resolve_inputs([str(tmp_path / "*.txt"), str(tmp_path / "a.txt")])
     assert [Path(f).name for f in files] == ["b.txt", "d.txt", "c.txt", "a.txt"]
     assert total == 90
+
+
+def test_an_unknown_runner_is_one_line_naming_the_valid_ones(capsys, good_args, tmp_path):
+    err = cli_error(capsys, {**good_args, "beam.runner": "DirectRuner"})
+    assert err.startswith("error: beam.runner: Unexpected pipeline runner: DirectRuner")
+    assert "DirectRunner" in err and "DataflowRunner" in err and "FlinkRunner" in err
+    assert not (tmp_path / "out").exists()  # refused before anything is written

@@ -12,8 +12,8 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,16 +42,13 @@ LOSS_KEYS = ("train/loss", "train/ce", "train/mlm", "train/cos")
 RUN_TIMEOUT = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
-    cmd = [str(DEEPSPEED), "--master_port", str(free_port()), "--num_gpus", "2", "launch/run.sh"]
-    cmd += ["configs/tiny-cpu.yaml", f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}"]
+def start(
+    teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml"
+) -> subprocess.Popen:
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background, with no
+    ``--master_port``, as a user types it: the run picks its own port."""
+    cmd = [str(DEEPSPEED), "--num_gpus", "2", "launch/run.sh"]
+    cmd += [config, f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}"]
     cmd += [*TEST_SETTINGS, *overrides]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +135,24 @@ def test_zero2_run_trains_checkpoints_and_exports(reference_run: Path) -> None:
     check_student(reference_run / "student")
 
 
+def seconds(text: str) -> int:
+    """``42s`` / ``3m07s`` / ``2h05m`` (trainer.runtime.metrics.duration) -> seconds."""
+    h, m, s = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text).groups()
+    return 3600 * int(h or 0) + 60 * int(m or 0) + int(s or 0)
+
+
+def test_step_lines_show_elapsed_time_and_a_sane_eta(reference_run: Path) -> None:
+    log = (reference_run.parent / f"{reference_run.name}.log").read_text()
+    lines = re.findall(rf"^step (\d+)/{MAX_STEPS} \| loss .* \| elapsed (\w+) \| eta (\w+)$", log, re.MULTILINE)
+    assert [int(step) for step, _, _ in lines] == list(range(1, MAX_STEPS + 1))
+    elapsed = [seconds(e) for _, e, _ in lines]
+    eta = [seconds(e) for _, _, e in lines]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
+    assert eta[-1] == 0 and eta[MAX_STEPS // 2] > 0
+    total = elapsed[-1]  # halfway, elapsed + eta predicts the end within a factor of 3
+    assert total / 3 <= elapsed[MAX_STEPS // 2 - 1] + eta[MAX_STEPS // 2 - 1] <= total * 3
+
+
 def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run: Path) -> None:
     check_finished_run(zero3_run)
     check_student(zero3_run / "student")
@@ -213,3 +228,22 @@ def test_run_sh_also_runs_under_bash() -> None:
     )
     assert proc.returncode == 2
     assert "error: max_steps: must be >= 1" in proc.stderr
+
+
+def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:
+    """The demo's config (the real all-MiniLM-L6-v2 teacher) launched twice on this machine, 2 s apart,
+    neither given a port. On the launcher's fixed default port 29500 the second run either died on
+    EADDRINUSE or its ranks joined the first run's group and both crashed; each now meets on a port
+    the system picked for it (trainer.runtime.engine)."""
+    from helpers import minilm_dir
+
+    overrides = ("max_steps=4", "eval.every_steps=4", "checkpoint.every_steps=4", "mlflow.enabled=false")
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        runs.append((out, start(minilm_dir(), tiny_dataset_dir, out, *overrides, config="configs/demo-minilm-3l.yaml")))
+        time.sleep(2)
+    for out, proc in runs:
+        finish(proc, out)
+        assert [r["step"] for r in records(out) if "train/loss" in r] == [1, 2, 3, 4]
+        assert (out / "student" / "model.safetensors").is_file()

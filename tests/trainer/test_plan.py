@@ -97,3 +97,18 @@ def test_cli_rejects_logit_losses_for_a_teacher_without_mlm_head(
     assert run_cli(trainer_main, ["plan", str(config_file), f"teacher={bert_tokenizer_dir}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: objective.ce: needs the teacher's logits") and "no masked-LM head" in err
+
+
+def test_a_teacher_config_without_architectures_points_to_the_config(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config.json without ``architectures`` hides the MLM head: the error says how to declare it."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    config = json.loads((BERT_BASE / "config.json").read_text())
+    del config["architectures"]
+    (teacher / "config.json").write_text(json.dumps(config))
+    assert run_cli(trainer_main, ["plan", str(config_file), f"teacher={teacher}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: objective.ce: needs the teacher's logits") and "declares no `architectures`" in err
+    assert 'add "architectures": ["BertForMaskedLM"]' in err and "configs/teachers/*/config.json" in err

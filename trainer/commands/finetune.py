@@ -19,6 +19,7 @@ import logging
 import math
 import random
 import tempfile
+import time
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from common.atomic import atomic_directory, write_text_atomically
 from common.cli import split_config_args
 from common.config import ConfigError, flatten, load_config, require, to_dict
 from trainer.config import MlflowConfig
+from trainer.runtime.metrics import duration
 from trainer.runtime.optim import build_scheduler, param_groups
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import RunSpec, open_tracker
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
 
 def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the validation metrics (also in metrics.json)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     train, valid = load_splits(cfg)  # bad data fails here, before a model is downloaded
     names, label_ids = label_mapping(train, valid, cfg)
@@ -101,9 +103,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         model_dir, source = resolve_model(cfg, Path(tmp) / "model")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         torch.manual_seed(cfg.seed)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_ids
-        )
+        model = load_classifier(model_dir, names, label_ids)
     tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
     train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
     valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
@@ -115,6 +115,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_fraction)
     order = torch.Generator().manual_seed(cfg.seed)
     step = 0
+    started = time.perf_counter()
     result: dict[str, Any] = {}
     for epoch in range(1, cfg.epochs + 1):
         model.train()
@@ -131,7 +132,16 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
             if step % cfg.log_every_steps == 0 or step == total_steps:
                 metrics = {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0], "train/epoch": epoch}
                 tracker.log_metrics(metrics, step)
-                log.info("step %d/%d | loss %.4f", step, total_steps, metrics["train/loss"])
+                elapsed = time.perf_counter() - started
+                eta = (total_steps - step) * elapsed / step
+                log.info(
+                    "step %d/%d | loss %.4f | elapsed %s | eta %s",
+                    step,
+                    total_steps,
+                    metrics["train/loss"],
+                    duration(elapsed),
+                    duration(eta),
+                )
         result = evaluate(model, tokenizer, valid_set, cfg.batch_size)
         tracker.log_metrics({"eval/accuracy": result["accuracy"], "eval/loss": result["loss"]}, step)
         log.info("epoch %d | validation accuracy %.4f | loss %.4f", epoch, result["accuracy"], result["loss"])
@@ -142,6 +152,40 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     tracker.finish({"eval/accuracy": result["accuracy"]})
     register_or_explain(model_out, cfg.mlflow, tracker, task="text-classification")
     return result
+
+
+def load_classifier(model_dir: Path, names: list[str], label_ids: dict[str, int]) -> Any:
+    """The student with a new classification head, and one line saying which weights are new.
+
+    A student checkpoint has a masked-LM head and no pooler or classifier, so transformers' load
+    report (a table of a dozen lines) lists the same expected keys on every fine-tune. It is
+    replaced by one INFO line; a key outside those expected ones is still a warning.
+    """
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    loader_log = hf_logging.get_logger("transformers.modeling_utils")
+    level = loader_log.level
+    loader_log.setLevel(logging.ERROR)  # errors (and a size mismatch, which raises) still surface
+    try:
+        labels = {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": label_ids}
+        model, info = AutoModelForSequenceClassification.from_pretrained(model_dir, **labels, output_loading_info=True)
+    finally:
+        loader_log.setLevel(level)
+    new_head = ("classifier.", "pooler.")
+    missing = sorted(info["missing_keys"])
+    unexpected = [k for k in info["unexpected_keys"] if not k.startswith(("cls.predictions.", "lm_head."))]
+    fresh = [k for k in missing if any(part in k for part in new_head)]
+    log.info("new weights for the classification head: %s; the masked-LM head is left out", ", ".join(fresh))
+    if len(fresh) < len(missing) or unexpected:
+        log.warning(
+            "the checkpoint in %s does not match %s: missing %s, unexpected %s",
+            model_dir,
+            type(model).__name__,
+            [k for k in missing if k not in fresh],
+            unexpected,
+        )
+    return model
 
 
 # -------------------------------------------------------------------------------------------------- data

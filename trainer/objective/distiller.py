@@ -50,11 +50,22 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig)
     """The config checks that need the teacher's architecture; run before any weight is loaded."""
     check_student(cfg.student, teacher_config)
     for key in LOGIT_TERMS:
+        if teacher_config.architectures:
+            why = (
+                f"{cfg.teacher} has no masked-LM head (architectures: {teacher_config.architectures}): use a "
+                f"checkpoint saved as *ForMaskedLM, or set objective.{key}=0"
+            )
+        else:  # the likelier fix is the config: a hand-written or stripped config.json loses this field
+            why = (
+                f"{cfg.teacher}'s config.json declares no `architectures`, so no masked-LM head can be "
+                'found: if its weights have one, add "architectures": ["BertForMaskedLM"] (or '
+                "RobertaForMaskedLM, ...) to it, as configs/teachers/*/config.json do; otherwise set "
+                f"objective.{key}=0"
+            )
         require(
             getattr(cfg.objective, key) == 0 or has_mlm_head(teacher_config),
             f"objective.{key}",
-            f"needs the teacher's logits, but {cfg.teacher} has no masked-LM head "
-            f"(architectures: {teacher_config.architectures}); set objective.{key}=0",
+            f"needs the teacher's logits, but {why}",
         )
     s_config = student_config(cfg.student, teacher_config)
     student_hidden = s_config.hidden_size

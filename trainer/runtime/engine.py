@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import deepspeed
+import psutil
 import torch
+import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.constants import TORCH_DISTRIBUTED_DEFAULT_PORT as DEEPSPEED_DEFAULT_PORT
+from deepspeed.constants import default_pg_timeout
 
+from common.atomic import write_text_atomically
 from common.config import ConfigError
 from trainer.config import TrainConfig
 from trainer.runtime.optim import build_scheduler, param_groups
@@ -52,30 +59,106 @@ class Distributed:
 def init_distributed() -> Distributed:
     """Join the process group the launcher described in RANK, WORLD_SIZE, MASTER_ADDR, ...
 
-    Started without a launcher (``bash launch/run.sh``), the process is a world of one.
+    Started without a launcher (``bash launch/run.sh``), the process is a world of one. Ranks the
+    DeepSpeed launcher started on one node without ``--master_port`` meet on a port the system
+    picks (:func:`rendezvous_on_a_free_port`), so that two runs on one machine never share the
+    launcher's fixed default port; an explicit ``--master_port`` (or a multi-node run) is used as
+    given, and a port another process holds fails in one line naming it.
     """
-    if "RANK" not in os.environ:
-        single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-        for key, value in {**single, "MASTER_PORT": str(free_port())}.items():
-            os.environ.setdefault(key, value)
+    alone = "RANK" not in os.environ
+    if alone:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
     accelerator = get_accelerator()
     local_rank = int(os.environ["LOCAL_RANK"])
     on_cpu = accelerator.device_name() == "cpu"
     if not on_cpu:
         accelerator.set_device(local_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        # Ranks sharing a CPU: each gets its share of the cores instead of all of them (oversubscription).
-        local_ranks = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
-    deepspeed.init_distributed(dist_backend="gloo" if on_cpu else accelerator.communication_backend_name())
+    else:
+        skip_shm_comm_build()
+        if "OMP_NUM_THREADS" not in os.environ:
+            # Ranks sharing a CPU: each gets its share of the cores instead of all of them (oversubscription).
+            local_ranks = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+    backend = "gloo" if on_cpu else accelerator.communication_backend_name()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if alone or on_one_node_without_port():
+        rendezvous_on_a_free_port(backend, rank, world_size)
+    try:
+        deepspeed.init_distributed(dist_backend=backend)  # adopts the group joined above, if any
+    except dist.DistNetworkError as err:
+        if "EADDRINUSE" not in str(err):
+            raise
+        port = os.environ["MASTER_PORT"]
+        raise ConfigError(
+            f"port {port} (MASTER_PORT) is already in use on this machine, by another run or service: choose a "
+            "free one with `deepspeed --master_port PORT ...`, or leave --master_port out on one node "
+            "to let the run pick one"
+        ) from None
     device = torch.device("cpu") if on_cpu else torch.device(accelerator.device_name(local_rank))
-    return Distributed(int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"]), device)
+    return Distributed(rank, local_rank, world_size, device)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def on_one_node_without_port() -> bool:
+    """Whether the DeepSpeed launcher started every rank on this node, with its default port.
+
+    The launcher sets CROSS_SIZE (nodes) and LOCAL_SIZE (ranks here) and starts each rank as a
+    child of one ``deepspeed.launcher.launch`` process, which :func:`rendezvous_on_a_free_port`
+    relies on. Its default port cannot be told from an explicit ``--master_port 29500``; either
+    way the run was not told to use that port for a reason a free one would defeat.
+    """
+    env = os.environ
+    return (
+        env.get("CROSS_SIZE") == "1"
+        and env.get("LOCAL_SIZE") == env.get("WORLD_SIZE")
+        and env.get("MASTER_PORT") == str(DEEPSPEED_DEFAULT_PORT)
+    )
+
+
+def rendezvous_on_a_free_port(backend: str, rank: int, world_size: int) -> None:
+    """Start the process group on a TCP store whose port the system chose, and tell the other ranks.
+
+    Rank 0 binds its store on port 0, so no other process can take the port between choosing and
+    binding it (a port probed free and bound later can be). It writes the port to a file named
+    after the launcher process (the parent of every rank on this node, alive for the whole run:
+    its pid and start time name exactly one launch), the other ranks read it there, and rank 0
+    removes the file once every rank has joined. MASTER_PORT is set to the port chosen.
+    """
+    timeout = default_pg_timeout  # DeepSpeed's (DEEPSPEED_TIMEOUT), as if it had started the group itself
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        if world_size > 1:
+            write_text_atomically(port_handoff(), str(store.port))
+    else:
+        handoff = port_handoff()
+        deadline = time.monotonic() + timeout.total_seconds()  # the launcher stops every rank if rank 0 fails
+        while not handoff.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}: rank 0 did not publish its port in {handoff} within {timeout}")
+            time.sleep(0.05)
+        store = dist.TCPStore("127.0.0.1", int(handoff.read_text()), world_size, is_master=False, timeout=timeout)
+    os.environ["MASTER_PORT"] = str(store.port)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    store.set(f"joined/{rank}", "1")
+    if rank == 0 and world_size > 1:
+        store.wait([f"joined/{r}" for r in range(world_size)])
+        port_handoff().unlink()
+
+
+def port_handoff() -> Path:
+    """The file through which rank 0 tells the ranks of its launch the port it bound."""
+    launcher = psutil.Process(os.getppid())
+    return Path(tempfile.gettempdir()) / f"encoder-distill-port-{launcher.pid}-{launcher.create_time():.0f}"
+
+
+def skip_shm_comm_build() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce op for CPU ranks.
+
+    DeepSpeed builds it (a C++ JIT compile, tens of seconds on every new install path) whenever
+    it starts a CPU process group, for its inference all-reduce, which training never calls. The
+    op also names its shared memory after MASTER_PORT, which two runs on one port would share.
+    DeepSpeed keeps the result of its op probe in one module-level dict meant to be edited.
+    """
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def resolve_path(path: str) -> Path:
@@ -126,6 +209,11 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, ds: dict[str, Any], d
 
     ``ds`` is the run's one :func:`deepspeed_config` (also what tracking records).
     """
+    # ZeRO gathers partitions with torch.distributed.all_gather_into_tensor, which torch deprecates in
+    # favour of all_gather_single: one FutureWarning per rank about DeepSpeed's code, which no run can act on.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated", category=FutureWarning
+    )
     opt = cfg.optimizer
     groups = param_groups(model, opt.weight_decay)
 

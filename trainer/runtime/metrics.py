@@ -3,7 +3,9 @@
 :class:`StepMeter` keeps each step's loss terms, grad norm and token count as device tensors;
 only at a log step does it move them to the host, in one transfer, so the GPU never waits on
 Python inside a step. :class:`MetricsLog` writes one JSON object per step to
-``OUTPUT_DIR/metrics.jsonl`` and the console (a tqdm bar when interactive, plain lines in logs).
+``OUTPUT_DIR/metrics.jsonl`` and the console (a tqdm bar when interactive, plain lines in logs);
+each train record carries the seconds since the loop started, from which the console line shows
+the time elapsed and an estimate of the time left to ``max_steps``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ class StepMeter:
         self.global_batch_size = global_batch_size
         self.names: list[str] | None = None
         self.rows: list[torch.Tensor] = []
-        self.pending: list[tuple[int, float, int]] = []  # (step, lr, tokens) of the rows not yet flushed
+        self.pending: list[tuple[int, float, int, float]] = []  # (step, lr, tokens, end time) of unflushed rows
         self.tokens = 0  # real tokens of the current step on this rank, counted on the host
         self.micro: list[torch.Tensor] = []
-        self.last_flush = time.perf_counter()
+        self.started = self.last_flush = time.perf_counter()
 
     def add_micro(self, losses: dict[str, torch.Tensor], tokens: int) -> None:
         """One micro-batch's detached loss terms (kept on the device) and its real-token count."""
@@ -48,12 +50,14 @@ class StepMeter:
         terms = torch.stack(self.micro).mean(0)
         norm = torch.as_tensor(grad_norm if grad_norm is not None else math.nan, dtype=torch.float32)
         self.rows.append(torch.cat([terms, norm.to(terms.device).reshape(1)]))
-        self.pending.append((step, lr, self.tokens))
+        # The host reaches this line before an asynchronous device has finished the step; over the
+        # log interval the difference evens out, since flush waits for the device.
+        self.pending.append((step, lr, self.tokens, time.perf_counter()))
         self.micro, self.tokens = [], 0
 
     def flush(self) -> list[tuple[int, dict[str, float]]]:
         """All ranks call this together: losses averaged and tokens summed over ranks."""
-        tokens = torch.tensor([[float(t)] for _, _, t in self.pending], device=self.rows[0].device)
+        tokens = torch.tensor([[float(t)] for _, _, t, _ in self.pending], device=self.rows[0].device)
         table = torch.cat([torch.stack(self.rows), tokens], dim=1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(table)
@@ -62,7 +66,7 @@ class StepMeter:
         now = time.perf_counter()
         tokens_per_s = sum(row[-1] for row in values) / max(now - self.last_flush, 1e-9)
         records = []
-        for (step, lr, _), row in zip(self.pending, values, strict=True):
+        for (step, lr, _, ended), row in zip(self.pending, values, strict=True):
             metrics = {f"train/{name}": value for name, value in zip(self.names, row, strict=False)}
             metrics.update(
                 {
@@ -70,6 +74,7 @@ class StepMeter:
                     "train/grad_norm": row[-2],
                     "train/tokens_per_s": tokens_per_s,
                     "train/samples": step * self.global_batch_size,
+                    "train/elapsed_s": ended - self.started,
                 }
             )
             records.append((step, metrics))
@@ -82,6 +87,7 @@ class MetricsLog:
 
     def __init__(self, output_dir: str | Path, *, is_main: bool, max_steps: int, start_step: int) -> None:
         self.is_main = is_main
+        self.max_steps, self.start_step = max_steps, start_step
         self.path = Path(output_dir) / "metrics.jsonl"
         self.bar = None
         if not is_main:
@@ -100,7 +106,15 @@ class MetricsLog:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix_str(format_metrics(metrics), refresh=False)
         else:
-            print(f"step {step} | {format_metrics(metrics)}", flush=True)
+            print(f"step {step}/{self.max_steps} | {format_metrics(metrics)}{self.timing(step, metrics)}", flush=True)
+
+    def timing(self, step: int, metrics: dict[str, float]) -> str:
+        """`` | elapsed 1m05s | eta 4m20s`` for a train record: the steps left at this run's mean step time."""
+        elapsed = metrics.get("train/elapsed_s")
+        if elapsed is None or step <= self.start_step:
+            return ""
+        eta = (self.max_steps - step) * elapsed / (step - self.start_step)
+        return f" | elapsed {duration(elapsed)} | eta {duration(eta)}"
 
     def close(self) -> None:
         if self.bar is not None:
@@ -110,9 +124,21 @@ class MetricsLog:
 def format_metrics(metrics: dict[str, float]) -> str:
     parts = []
     for key, value in metrics.items():
+        if key == "train/elapsed_s":  # shown as elapsed / eta by MetricsLog.timing
+            continue
         name = key.split("/", 1)[-1]
         parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
     return " | ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``3m07s``, ``2h05m``: what a person reads at a glance in a log line."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def truncate_after(path: Path, step: int) -> None:
