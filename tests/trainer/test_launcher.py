@@ -4,6 +4,10 @@ Two CPU ranks over gloo (DS_ACCELERATOR=cpu), a tiny BERT teacher and the real p
 output. One uninterrupted ZeRO-2 run is the reference for everything else: a ZeRO-3 run, and a
 run whose rank 1 is SIGKILLed mid-way and then relaunched, which must continue from its last
 checkpoint and reproduce the reference's losses exactly.
+
+Masked-LM pretraining (``teacher: null``, ``configs/pretrain-bert-mini.yaml`` at toy width) runs the
+same way: it trains, resumes after a kill to the same losses, and exports a masked LM that then
+serves as the teacher of a distillation run.
 """
 
 from __future__ import annotations
@@ -50,9 +54,13 @@ def free_port() -> int:
 
 def start(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> subprocess.Popen:
     """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
+    return launch("configs/tiny-cpu.yaml", output_dir, f"teacher={teacher}", f"data={data}", *overrides)
+
+
+def launch(config: str, output_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` in the background."""
     cmd = [str(DEEPSPEED), "--master_port", str(free_port()), "--num_gpus", "2", "launch/run.sh"]
-    cmd += ["configs/tiny-cpu.yaml", f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}"]
-    cmd += [*TEST_SETTINGS, *overrides]
+    cmd += [config, f"output_dir={output_dir}", *TEST_SETTINGS, *overrides]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output_dir.mkdir(parents=True, exist_ok=True)
     log = (output_dir.parent / f"{output_dir.name}.log").open("a")
@@ -77,8 +85,8 @@ def records(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("\n")]
 
 
-def train_losses(output_dir: Path) -> dict[int, dict[str, float]]:
-    return {r["step"]: {k: r[k] for k in LOSS_KEYS} for r in records(output_dir) if "train/loss" in r}
+def train_losses(output_dir: Path, keys: tuple[str, ...] = LOSS_KEYS) -> dict[int, dict[str, float]]:
+    return {r["step"]: {k: r[k] for k in keys} for r in records(output_dir) if "train/loss" in r}
 
 
 def latest_step(output_dir: Path) -> int | None:
@@ -170,7 +178,17 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:
     out = tmp_path / "run"
-    proc = start(tiny_teacher_dir, tiny_dataset_dir, out)
+    resumed_from = kill_rank_1_after_a_checkpoint(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
+    finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert f"resumed from step {resumed_from}" in log
+    # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
+    assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
+
+
+def kill_rank_1_after_a_checkpoint(proc: subprocess.Popen, out: Path) -> int:
+    """SIGKILL rank 1 of a live run two steps after a checkpoint; returns the step it will resume from."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while True:  # wait for a checkpoint and two more steps, then SIGKILL rank 1
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -190,13 +208,74 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     resumed_from = latest_step(out)
     logged_before_kill = max(train_losses(out))
     assert resumed_from < logged_before_kill < MAX_STEPS
+    return resumed_from
 
-    finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
-    log = (out.parent / f"{out.name}.log").read_text()
-    assert f"resumed from step {resumed_from}" in log
-    # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
-    assert train_losses(out) == train_losses(reference_run)
-    check_student(out / "student")
+
+# ----------------------------------------------------------------------- pretraining, no teacher
+PRETRAIN_LOSS_KEYS = ("train/loss", "train/mlm")
+
+
+def start_pretraining(tokenizer: Path, data: Path, output_dir: Path) -> subprocess.Popen:
+    """The BERT-Mini pretraining preset at toy width, with the settings of ``configs/tiny-cpu.yaml``."""
+    toy = ["student.num_layers=2", "student.hidden_size=64", "student.num_attention_heads=4"]
+    toy += ["student.intermediate_size=128", "global_batch_size=8", "micro_batch_size=2", "loader.shuffle_buffer=64"]
+    toy += ["loader.num_workers=1", "eval.max_batches=2", "mlflow.enabled=false", "optimizer.warmup_fraction=0.05"]
+    return launch("configs/pretrain-bert-mini.yaml", output_dir, f"tokenizer={tokenizer}", f"data={data}", *toy)
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(tmp_path_factory, bert_tokenizer_dir: Path, tiny_dataset_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("pretrain") / "run"
+    finish(start_pretraining(bert_tokenizer_dir, tiny_dataset_dir, out), out)
+    return out
+
+
+def test_pretraining_without_a_teacher_trains_evaluates_the_student_alone_and_exports(pretrain_run: Path) -> None:
+    from transformers import AutoModelForMaskedLM
+
+    losses = train_losses(pretrain_run, PRETRAIN_LOSS_KEYS)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    assert all(step["train/loss"] == step["train/mlm"] and math.isfinite(step["train/mlm"]) for step in losses.values())
+    first = sum(losses[s]["train/mlm"] for s in range(1, 6)) / 5
+    last = sum(losses[s]["train/mlm"] for s in range(MAX_STEPS - 4, MAX_STEPS + 1)) / 5
+    assert last < first - 0.5, f"the MLM loss did not fall: first steps {first:.4f}, last steps {last:.4f}"
+    train = [r for r in records(pretrain_run) if "train/loss" in r]
+    assert not any(key in r for r in train for key in ("train/ce", "train/cos", "train/mse"))
+    evals = [r for r in records(pretrain_run) if "eval/student_mlm_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert all(set(r) == {"step", "eval/student_mlm_loss", "eval/student_mlm_accuracy"} for r in evals)
+    assert evals[1]["eval/student_mlm_loss"] < evals[0]["eval/student_mlm_loss"]
+    assert latest_step(pretrain_run) == MAX_STEPS
+
+    student = pretrain_run / "student"
+    model = AutoModelForMaskedLM.from_pretrained(student)
+    assert model.config.architectures == ["BertForMaskedLM"] and type(model).__name__ == "BertForMaskedLM"
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (2, 64, 30522)
+    assert (student / "tokenizer.json").is_file()
+
+
+def test_killed_pretraining_resumes_with_identical_losses(
+    tmp_path: Path, bert_tokenizer_dir: Path, tiny_dataset_dir: Path, pretrain_run: Path
+) -> None:
+    out = tmp_path / "run"
+    resumed_from = kill_rank_1_after_a_checkpoint(start_pretraining(bert_tokenizer_dir, tiny_dataset_dir, out), out)
+    finish(start_pretraining(bert_tokenizer_dir, tiny_dataset_dir, out), out)
+    assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()
+    assert train_losses(out, PRETRAIN_LOSS_KEYS) == train_losses(pretrain_run, PRETRAIN_LOSS_KEYS)
+
+
+def test_a_pretrained_export_is_a_teacher_with_an_mlm_head(
+    tmp_path: Path, tiny_dataset_dir: Path, pretrain_run: Path
+) -> None:
+    """The pretrained model distils a student with L_ce (its logits) through the same launcher."""
+    out = tmp_path / "distil"
+    finish(start(pretrain_run / "student", tiny_dataset_dir, out, "max_steps=4"), out)
+    losses = train_losses(out)
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert all(math.isfinite(v) and v > 0 for step in losses.values() for k, v in step.items() if k != "train/cos")
+    evals = [r for r in records(out) if "eval/teacher_mlm_loss" in r]
+    assert len(evals) == 1 and 0 <= evals[0]["eval/top1_agreement"] <= 1
+    assert (out / "student" / "model.safetensors").is_file()
 
 
 def test_run_sh_also_runs_under_bash() -> None:
