@@ -97,6 +97,7 @@ def test_pretraining_preset_plans_the_student_alone(capsys: pytest.CaptureFixtur
     # BERT-Mini: embeddings (30522 words + 512 positions + 1 type row) x 256 + LayerNorm, 4 layers of 256/1024.
     layer = 4 * (256 * 256 + 256) + 2 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256) + 2 * 256
     assert plan["student_params"] == (30522 + 512 + 1) * 256 + 2 * 256 + 4 * layer
+    assert abs(plan["student_params"] - 11.3e6) <= 0.03 * 11.3e6  # Turc et al.'s BERT-Mini (docs/objectives.md)
     flops = plan["flops_per_token"]
     assert flops["teacher_forward"] == 0 and flops["total"] == flops["student_forward_backward"] > 0
     assert plan["batch"]["gradient_accumulation_steps"] == 2  # 64 = 16 x 2 x 2 ranks
