@@ -235,8 +235,8 @@ def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
     """``student.model``'s weights as a float32 masked LM in train mode, to be trained further.
 
     A checkpoint without an MLM head (an encoder such as all-MiniLM-L6-v2) gets a freshly
-    initialised head, which the masked-LM loss then trains; any other missing weight (except an
-    unused pooler) is an error, since continuing to train a partly random encoder is never meant.
+    initialised head, which the masked-LM loss then trains; any other missing weight is an error,
+    since continuing to train a partly random encoder is never meant (a pooler is not loaded at all).
     """
     source = load_model_config(name_or_path, "student.model")
     config = student_config(StudentConfig(init="pretrained", model=name_or_path), source)
@@ -246,11 +246,7 @@ def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
         )
     except (OSError, ValueError) as err:
         raise ConfigError(f"student.model: cannot load {name_or_path!r} as a masked LM: {err}") from None
-    missing = sorted(
-        key
-        for key in info["missing_keys"]
-        if key.split(".")[0] not in MLM_HEAD_ATTRIBUTES and ".pooler." not in f".{key}"
-    )
+    missing = sorted(key for key in info["missing_keys"] if key.split(".")[0] not in MLM_HEAD_ATTRIBUTES)
     if missing:
         raise ConfigError(
             f"student.model: {name_or_path!r} has no weights for {', '.join(missing[:5])} (and maybe more)"

@@ -5,6 +5,8 @@ alone; and ``plan`` for the pretraining preset. The launcher runs it in ``test_l
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,15 @@ def test_pretrained_encoder_without_an_mlm_head_gets_a_fresh_one(bert_tokenizer_
     assert encoder_state(student).keys() == expected.keys()
     assert all(torch.equal(v, expected[k]) for k, v in encoder_state(student).items())
     assert student.cls.predictions.decoder.weight is student.bert.embeddings.word_embeddings.weight
+
+
+def test_pretrained_student_with_missing_encoder_weights_is_a_config_error(
+    tiny_teacher_dir: Path, tmp_path: Path
+) -> None:
+    """Only a missing MLM head is made fresh; a missing layer would silently train a partly random encoder."""
+    partial = Path(shutil.copytree(tiny_teacher_dir, tmp_path / "partial"))
+    config_json = json.loads((partial / "config.json").read_text())
+    (partial / "config.json").write_text(json.dumps({**config_json, "num_hidden_layers": 5}))  # weights for 4
+    cfg = pretraining("student.init=pretrained", f"student.model={partial}")
+    with pytest.raises(ConfigError, match=r"^student\.model: .* has no weights for bert\.encoder\.layer\.4\."):
+        build_student(cfg.student, None)

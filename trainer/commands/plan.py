@@ -9,7 +9,7 @@ shapes but no storage, so a 1B-parameter teacher costs nothing. A config without
 step is the student's forward and backward only.
 
 The sequence length comes from the dataset manifest when ``data`` already exists, else from
-``--seq-len``, else the teacher's maximum (at most 512).
+``--seq-len``, else the teacher's (without one, the student's) maximum (at most 512).
 
 ``teacher_params`` and ``student_params`` count the encoder (embeddings + transformer layers; no
 MLM head, no pooler), the convention of the published sizes (BERT-base 110M, DistilBERT 66M);

@@ -68,9 +68,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     output_dir = Path(cfg.output_dir)
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
+        task = f"distilling {cfg.teacher}" if cfg.teacher is not None else f"pretraining {cfg.student.model}"
         log.info(
             "%s on %d rank(s): global batch %d = micro %d x accumulation %d x world %d",
-            f"distilling {cfg.teacher}" if cfg.teacher else f"pretraining ({cfg.student.init}) {cfg.student.model}",
+            task,
             world.world_size,
             cfg.global_batch_size,
             cfg.micro_batch_size,
