@@ -216,6 +216,8 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--steps must be >= 1 and --seq-len >= 2")
     path, overrides = split_config_args(args.args)
     cfg = load_config(TrainConfig, path, overrides)
+    if cfg.teacher is None:
+        raise ConfigError("teacher: this benchmark times a distillation step; it needs a teacher")
     result = benchmark(cfg, args)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -4,6 +4,10 @@ The top-level keys users override most (``teacher``, ``data``, ``output_dir``, `
 ``global_batch_size``, ``micro_batch_size``, ``seed``) sit at the root; everything else is
 grouped by the component that reads it. Each section is validated on load, before any model
 or data is touched.
+
+``teacher: null`` turns distillation into masked-LM pretraining with the same machinery: the
+student comes from ``student.model`` (an architecture or a pretrained model) and is trained with
+L_mlm alone (:meth:`TrainConfig.validate_without_teacher`).
 """
 
 from __future__ import annotations
@@ -18,22 +22,35 @@ from trainer.tracking.config import MlflowConfig
 
 @dataclasses.dataclass
 class StudentConfig:
-    """How the student is made.
+    """How the model being trained (the student) is made.
 
     ``from_teacher``: same width as the teacher, layers copied from ``teacher_layers``
     (default: every other teacher layer, DistilBERT's [0,2,4,7,9,11] for 12 layers).
-    ``random``: an explicit architecture (any field left unset is the teacher's), random init.
+    ``random``: an explicit architecture, random init. Its base is ``model``'s config when set
+    (a Hugging Face model directory or hub id; only ``config.json`` is read), else the teacher's;
+    any field left unset is the base's.
+    ``pretrained``: the weights of ``model``, trained further (a checkpoint without a masked-LM
+    head gets a fresh one). This is how an existing model is pretrained on a new domain.
     """
 
-    init: Literal["from_teacher", "random"] = "from_teacher"
+    init: Literal["from_teacher", "random", "pretrained"] = "from_teacher"
+    model: str | None = None
     teacher_layers: list[int] | None = None
     num_layers: int | None = None
     hidden_size: int | None = None
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
 
+    ARCHITECTURE_KEYS: ClassVar[tuple[str, ...]] = (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "intermediate_size",
+    )
+
     def validate(self) -> None:
         if self.init == "from_teacher":
+            require(self.model is None, "student.model", "does not apply to student.init=from_teacher")
             for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
                 require(getattr(self, key) is None, f"student.{key}", "only applies to student.init=random")
             if self.teacher_layers is not None:
@@ -45,7 +62,11 @@ class StudentConfig:
                 )
         else:
             require(self.teacher_layers is None, "student.teacher_layers", "only applies to init=from_teacher")
-        for key in ("num_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
+        if self.init == "pretrained":
+            require(self.model is not None, "student.model", "student.init=pretrained needs the model to train")
+            for key in self.ARCHITECTURE_KEYS:
+                require(getattr(self, key) is None, f"student.{key}", "a pretrained model keeps its own architecture")
+        for key in self.ARCHITECTURE_KEYS:
             value = getattr(self, key)
             require(value is None or value > 0, f"student.{key}", "must be positive")
         if self.hidden_size is not None and self.num_attention_heads is not None:
@@ -217,9 +238,10 @@ class LoggingConfig:
 
 @dataclasses.dataclass
 class TrainConfig:
-    teacher: str  # Hugging Face masked-LM: local directory or hub id
+    teacher: str | None  # Hugging Face masked-LM: local directory or hub id; null: pretraining, L_mlm alone
     data: str  # dataset directory written by `python -m preprocessing`
     output_dir: str
+    tokenizer: str | None = None  # without a teacher: the dataset's tokenizer (default: student.model's)
     max_steps: int = 1000
     global_batch_size: int = 4096  # = micro_batch_size x gradient accumulation x world size
     micro_batch_size: int = 16
@@ -236,6 +258,10 @@ class TrainConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # defined in trainer/tracking/config.py
 
     def validate(self) -> None:
+        if self.teacher is None:
+            self.validate_without_teacher()
+        else:
+            require(self.tokenizer is None, "tokenizer", "the teacher's tokenizer is used; leave it unset (null)")
         require(self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
         require(
@@ -243,6 +269,40 @@ class TrainConfig:
             "global_batch_size",
             f"must be a multiple of micro_batch_size ({self.micro_batch_size})",
         )
+
+    def validate_without_teacher(self) -> None:
+        """``teacher: null`` is masked-LM pretraining: a student from ``student.model``, trained with L_mlm alone.
+
+        The layer-distillation sections also need a teacher; they are checked with the models'
+        architectures (``trainer.objective.distiller.validate_against_teacher``).
+        """
+        require(
+            self.student.init != "from_teacher",
+            "student.init",
+            "from_teacher needs a teacher; without one use random (an architecture from student.model) or "
+            "pretrained (the weights of student.model)",
+        )
+        require(
+            self.student.model is not None,
+            "student.model",
+            "without a teacher, name the model whose architecture (init=random) or weights (init=pretrained) "
+            "the student takes, e.g. configs/teachers/bert-base-uncased",
+        )
+        for key in ("ce", "cos", "mse"):
+            require(
+                getattr(self.objective, key) == 0,
+                f"objective.{key}",
+                f"compares with a teacher, but teacher is null; set objective.{key}=0",
+            )
+        require(self.objective.mlm > 0, "objective.mlm", "is the only loss without a teacher; it must be > 0")
+
+    def tokenizer_source(self) -> tuple[str, str]:
+        """(where the run's tokenizer comes from, the key that names it): the teacher's, else ``tokenizer``,
+        else ``student.model``'s."""
+        for key, value in (("teacher", self.teacher), ("tokenizer", self.tokenizer)):
+            if value is not None:
+                return value, key
+        return self.student.model, "student.model"
 
     def gradient_accumulation_steps(self, world_size: int) -> int:
         """Accumulation such that micro x accumulation x world == global, exactly."""

@@ -2,18 +2,22 @@
 
 The teacher is any Hugging Face BERT-style encoder (BERT, RoBERTa, ...), with a masked-LM head
 or without one (a sentence-transformers encoder such as all-MiniLM-L6-v2). The student is always
-the masked-LM model of the teacher's family (``BertForMaskedLM`` for a BERT teacher,
-``RobertaForMaskedLM`` for RoBERTa), so that the exported student is an ordinary Hugging Face
-model that ``AutoModelForMaskedLM.from_pretrained`` and ``pipeline("fill-mask")`` load as is.
+the masked-LM model of its family (``BertForMaskedLM`` for a BERT teacher, ``RobertaForMaskedLM``
+for RoBERTa), so that the exported student is an ordinary Hugging Face model that
+``AutoModelForMaskedLM.from_pretrained`` and ``pipeline("fill-mask")`` load as is, and that can
+itself serve as a teacher with an MLM head.
 
-A student is made in one of two ways (``student.init``):
+A student is made in one of three ways (``student.init``):
 
 * ``from_teacher`` (DistilBERT): the teacher's width, every other teacher layer. Student layer
   ``i`` is an exact copy of teacher layer ``map[i]``; the word and position embeddings, the
   embedding LayerNorm and the MLM head are copied. No segment ids are used, so the student keeps
   a single token-type row (Hugging Face's BERT always adds one): the teacher's type-0 row, the
   one it added to every token it saw in single-segment text. There is no pooler.
-* ``random``: an explicit architecture (unset fields are the teacher's), randomly initialised.
+* ``random``: an explicit architecture, randomly initialised. Unset fields are those of the base
+  config: ``student.model``'s when set (the only way without a teacher), else the teacher's.
+* ``pretrained``: ``student.model``'s weights, trained further (pretraining on a new domain, with or
+  without a teacher); a checkpoint without an MLM head gets a fresh one.
 
 Everything here also works on the ``meta`` device, so ``plan`` sizes a run from the teacher's
 ``config.json`` alone, with no weights and no memory (the parameter and FLOP arithmetic lives in
@@ -23,6 +27,7 @@ Everything here also works on the ``meta`` device, so ``plan`` sizes a run from 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import torch
@@ -38,6 +43,8 @@ MLM_HEAD_ARCHITECTURES = ("ForMaskedLM", "ForPreTraining")
 # Where each family keeps that head: BERT's ``cls``, RoBERTa's (and its descendants') ``lm_head``.
 MLM_HEAD_ATTRIBUTES = ("cls", "lm_head")
 
+log = logging.getLogger(__name__)
+
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -46,12 +53,17 @@ def training_dtype(precision: str) -> torch.dtype:
     return PRECISION_DTYPES[precision]
 
 
-def load_teacher_config(name_or_path: str) -> PretrainedConfig:
-    """The teacher's ``config.json`` (a local directory or a hub id), with a clear error."""
+def load_model_config(name_or_path: str, key: str) -> PretrainedConfig:
+    """A model's ``config.json`` (a local directory or a hub id), with an error naming the config ``key``."""
     try:
         return AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"teacher: cannot load the model config of {name_or_path!r}: {err}") from None
+        raise ConfigError(f"{key}: cannot load the model config of {name_or_path!r}: {err}") from None
+
+
+def load_teacher_config(name_or_path: str) -> PretrainedConfig:
+    """The teacher's ``config.json`` (a local directory or a hub id), with a clear error."""
+    return load_model_config(name_or_path, "teacher")
 
 
 def has_mlm_head(config: PretrainedConfig) -> bool:
@@ -122,7 +134,8 @@ def default_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
 
 
 def student_num_layers(cfg: StudentConfig, teacher_layers: int) -> int:
-    """Depth: the listed layers, else ``num_layers``, else half the teacher's (from_teacher) or all of them."""
+    """Depth: the listed layers, else ``num_layers``, else half the teacher's (from_teacher) or all of the
+    base config's (``teacher_layers`` is the base's depth: the teacher's or ``student.model``'s)."""
     if cfg.init == "from_teacher" and cfg.teacher_layers is not None:
         return len(cfg.teacher_layers)
     if cfg.num_layers is not None:
@@ -137,8 +150,19 @@ def student_layer_map(cfg: StudentConfig, teacher_layers: int) -> list[int]:
     return default_layer_map(teacher_layers, student_num_layers(cfg, teacher_layers))
 
 
+def base_config(cfg: StudentConfig, teacher_config: PretrainedConfig | None) -> PretrainedConfig:
+    """The config the student's is derived from: ``student.model``'s when set, else the teacher's.
+
+    ``TrainConfig.validate`` guarantees one of them exists.
+    """
+    return teacher_config if cfg.model is None else load_model_config(cfg.model, "student.model")
+
+
 def check_student(cfg: StudentConfig, teacher_config: PretrainedConfig) -> None:
-    """The student section against the teacher's architecture (what ``StudentConfig.validate`` cannot know)."""
+    """The student section against its base architecture (what ``StudentConfig.validate`` cannot know).
+
+    ``teacher_config`` is the base (see :func:`base_config`): the teacher's for ``from_teacher``.
+    """
     n_teacher = teacher_config.num_hidden_layers
     if cfg.init == "from_teacher":
         if cfg.teacher_layers is not None:
@@ -157,7 +181,7 @@ def check_student(cfg: StudentConfig, teacher_config: PretrainedConfig) -> None:
             "student.num_layers",
             f"a student copied from the teacher cannot have more than its {n_teacher} layers",
         )
-    else:
+    elif cfg.init == "random":
         hidden = cfg.hidden_size or teacher_config.hidden_size
         heads = cfg.num_attention_heads or teacher_config.num_attention_heads
         require(
@@ -168,35 +192,68 @@ def check_student(cfg: StudentConfig, teacher_config: PretrainedConfig) -> None:
 
 
 def student_config(cfg: StudentConfig, teacher_config: PretrainedConfig) -> PretrainedConfig:
-    """The student's Hugging Face config: the teacher's, with the student's depth (and width if random)."""
+    """The student's Hugging Face config: the base's (:func:`base_config`), with the student's depth
+    (and width if random); a pretrained student's is its own."""
     check_student(cfg, teacher_config)
+    source_key = "teacher" if cfg.model is None else "student.model"
     config = copy.deepcopy(teacher_config)
-    config.num_hidden_layers = student_num_layers(cfg, teacher_config.num_hidden_layers)
-    if cfg.init == "random":
-        for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
-            if getattr(cfg, key) is not None:
-                setattr(config, key, getattr(cfg, key))
-    if hasattr(config, "type_vocab_size"):
-        config.type_vocab_size = 1  # no segment ids: one constant row (see the module docstring)
-    config.architectures = [masked_lm_class_name(config)]
+    if cfg.init != "pretrained":  # a pretrained model keeps its architecture and its token-type rows
+        config.num_hidden_layers = student_num_layers(cfg, teacher_config.num_hidden_layers)
+        if cfg.init == "random":
+            for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+                if getattr(cfg, key) is not None:
+                    setattr(config, key, getattr(cfg, key))
+        if hasattr(config, "type_vocab_size"):
+            config.type_vocab_size = 1  # no segment ids: one constant row (see the module docstring)
+    config.architectures = [masked_lm_class_name(config, source_key)]
     return config
 
 
-def masked_lm_class_name(config: PretrainedConfig) -> str:
+def masked_lm_class_name(config: PretrainedConfig, key: str = "teacher") -> str:
     """The masked-LM class of the config's family (``BertForMaskedLM`` for ``bert``)."""
     name = MODEL_FOR_MASKED_LM_MAPPING_NAMES.get(config.model_type)
     if name is None:
-        raise ConfigError(f"teacher: model_type {config.model_type!r} has no masked-LM model class for the student")
+        raise ConfigError(f"{key}: model_type {config.model_type!r} has no masked-LM model class for the student")
     return name
 
 
-def build_student(cfg: StudentConfig, teacher: PreTrainedModel) -> PreTrainedModel:
-    """A float32 masked-LM student of the teacher's family (random init follows torch's global seed)."""
-    config = student_config(cfg, teacher.config)
+def build_student(cfg: StudentConfig, teacher: PreTrainedModel | None) -> PreTrainedModel:
+    """A float32 masked-LM student (random init, a fresh head included, follows torch's global seed).
+
+    ``teacher`` is None without one (``teacher: null``); the student then comes from ``student.model``.
+    """
+    if cfg.init == "pretrained":
+        return load_pretrained_student(cfg.model)
+    config = student_config(cfg, base_config(cfg, None if teacher is None else teacher.config))
     student = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
     if cfg.init == "from_teacher":
         copy_from_teacher(student, teacher, student_layer_map(cfg, teacher.config.num_hidden_layers))
     return student
+
+
+def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
+    """``student.model``'s weights as a float32 masked LM in train mode, to be trained further.
+
+    A checkpoint without an MLM head (an encoder such as all-MiniLM-L6-v2) gets a freshly
+    initialised head, which the masked-LM loss then trains; any other missing weight is an error,
+    since continuing to train a partly random encoder is never meant (a pooler is not loaded at all).
+    """
+    source = load_model_config(name_or_path, "student.model")
+    config = student_config(StudentConfig(init="pretrained", model=name_or_path), source)
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(
+            name_or_path, config=config, dtype=torch.float32, attn_implementation="sdpa", output_loading_info=True
+        )
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"student.model: cannot load {name_or_path!r} as a masked LM: {err}") from None
+    missing = sorted(key for key in info["missing_keys"] if key.split(".")[0] not in MLM_HEAD_ATTRIBUTES)
+    if missing:
+        raise ConfigError(
+            f"student.model: {name_or_path!r} has no weights for {', '.join(missing[:5])} (and maybe more)"
+        )
+    if not has_mlm_head(source):
+        log.info("student.model: %s has no masked-LM head; training a freshly initialised one", name_or_path)
+    return model.train()
 
 
 @torch.no_grad()

@@ -4,6 +4,10 @@ Two CPU ranks over gloo (DS_ACCELERATOR=cpu), a tiny BERT teacher and the real p
 output. One uninterrupted ZeRO-2 run is the reference for everything else: a ZeRO-3 run, and a
 run whose rank 1 is SIGKILLed mid-way and then relaunched, which must continue from its last
 checkpoint and reproduce the reference's losses exactly.
+
+Masked-LM pretraining (``teacher: null``, ``configs/pretrain-bert-mini.yaml`` at toy width) runs the
+same way: it trains, resumes after a kill to the same losses, and exports a masked LM that then
+serves as the teacher of a distillation run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -45,11 +50,15 @@ RUN_TIMEOUT = 300
 def start(
     teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml"
 ) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background, with no
-    ``--master_port``, as a user types it: the run picks its own port."""
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
+    return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides)
+
+
+def launch(config: str, output_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` in the background,
+    with no ``--master_port``, as a user types it: the run picks its own port."""
     cmd = [str(DEEPSPEED), "--num_gpus", "2", "launch/run.sh"]
-    cmd += [config, f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}"]
-    cmd += [*TEST_SETTINGS, *overrides]
+    cmd += [config, f"output_dir={output_dir}", *TEST_SETTINGS, *overrides]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output_dir.mkdir(parents=True, exist_ok=True)
     log = (output_dir.parent / f"{output_dir.name}.log").open("a")
@@ -74,8 +83,8 @@ def records(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("\n")]
 
 
-def train_losses(output_dir: Path) -> dict[int, dict[str, float]]:
-    return {r["step"]: {k: r[k] for k in LOSS_KEYS} for r in records(output_dir) if "train/loss" in r}
+def train_losses(output_dir: Path, keys: tuple[str, ...] = LOSS_KEYS) -> dict[int, dict[str, float]]:
+    return {r["step"]: {k: r[k] for k in keys} for r in records(output_dir) if "train/loss" in r}
 
 
 def latest_step(output_dir: Path) -> int | None:
@@ -185,13 +194,22 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:
     out = tmp_path / "run"
-    proc = start(tiny_teacher_dir, tiny_dataset_dir, out)
+    kill_and_resume(lambda: start(tiny_teacher_dir, tiny_dataset_dir, out), out)
+    # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
+    assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
+
+
+def kill_and_resume(launch_run: Callable[[], subprocess.Popen], out: Path) -> None:
+    """Launch a run into ``out``, SIGKILL its rank 1 two steps after a checkpoint, then relaunch it to the
+    end and check that it resumed from that checkpoint."""
+    proc = launch_run()
     deadline = time.monotonic() + RUN_TIMEOUT
     while True:  # wait for a checkpoint and two more steps, then SIGKILL rank 1
         assert proc.poll() is None, "the run ended before it could be killed"
         assert time.monotonic() < deadline, "no checkpoint appeared"
         saved = latest_step(out)
-        if saved is not None and max(train_losses(out), default=0) >= saved + 2:
+        if saved is not None and max(train_losses(out, ("train/loss",)), default=0) >= saved + 2:
             break
         time.sleep(0.1)
     ranks = [  # rank 1 itself, not its dataloader worker (a fork with the same command line)
@@ -203,15 +221,95 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     os.kill(ranks[0].pid, signal.SIGKILL)
     assert proc.wait(timeout=120) != 0
     resumed_from = latest_step(out)
-    logged_before_kill = max(train_losses(out))
+    logged_before_kill = max(train_losses(out, ("train/loss",)))
     assert resumed_from < logged_before_kill < MAX_STEPS
+    finish(launch_run(), out)
+    assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()
 
-    finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
-    log = (out.parent / f"{out.name}.log").read_text()
-    assert f"resumed from step {resumed_from}" in log
-    # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
-    assert train_losses(out) == train_losses(reference_run)
-    check_student(out / "student")
+
+# ----------------------------------------------------------------------- pretraining, no teacher
+PRETRAIN_LOSS_KEYS = ("train/loss", "train/mlm")
+
+
+def start_pretraining(tokenizer: Path, data: Path, output_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The BERT-Mini pretraining preset at toy width, with the settings of ``configs/tiny-cpu.yaml``."""
+    toy = ["student.num_layers=2", "student.hidden_size=64", "student.num_attention_heads=4"]
+    toy += ["student.intermediate_size=128", "global_batch_size=8", "micro_batch_size=2", "loader.shuffle_buffer=64"]
+    toy += ["loader.num_workers=1", "eval.max_batches=2", "mlflow.enabled=false", "optimizer.warmup_fraction=0.05"]
+    return launch(
+        "configs/pretrain-bert-mini.yaml", output_dir, f"tokenizer={tokenizer}", f"data={data}", *toy, *overrides
+    )
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(tmp_path_factory, bert_tokenizer_dir: Path, tiny_dataset_dir: Path) -> Path:
+    """Tracked in a local SQLite MLflow store next to the output directory, and registered."""
+    out = tmp_path_factory.mktemp("pretrain") / "run"
+    mlflow = [f"mlflow.tracking_uri=sqlite:///{out.parent / 'mlflow.db'}", "mlflow.enabled=true"]
+    mlflow += ["mlflow.register_as=bert-mini-toy", "mlflow.alias=candidate", "mlflow.system_metrics=false"]
+    finish(start_pretraining(bert_tokenizer_dir, tiny_dataset_dir, out, *mlflow), out)
+    return out
+
+
+def test_pretraining_without_a_teacher_trains_evaluates_the_student_alone_and_exports(pretrain_run: Path) -> None:
+    from transformers import AutoModelForMaskedLM
+
+    losses = train_losses(pretrain_run, PRETRAIN_LOSS_KEYS)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    assert all(step["train/loss"] == step["train/mlm"] and math.isfinite(step["train/mlm"]) for step in losses.values())
+    first = sum(losses[s]["train/mlm"] for s in range(1, 6)) / 5
+    last = sum(losses[s]["train/mlm"] for s in range(MAX_STEPS - 4, MAX_STEPS + 1)) / 5
+    assert last < first - 0.25, f"the MLM loss did not fall: first steps {first:.4f}, last steps {last:.4f}"
+    train = [r for r in records(pretrain_run) if "train/loss" in r]
+    assert not any(key in r for r in train for key in ("train/ce", "train/cos", "train/mse"))
+    evals = [r for r in records(pretrain_run) if "eval/student_mlm_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert all(set(r) == {"step", "eval/student_mlm_loss", "eval/student_mlm_accuracy"} for r in evals)
+    assert evals[1]["eval/student_mlm_loss"] < evals[0]["eval/student_mlm_loss"]
+    assert latest_step(pretrain_run) == MAX_STEPS
+
+    student = pretrain_run / "student"
+    model = AutoModelForMaskedLM.from_pretrained(student)
+    assert model.config.architectures == ["BertForMaskedLM"] and type(model).__name__ == "BertForMaskedLM"
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (2, 64, 30522)
+    assert (student / "tokenizer.json").is_file()
+
+
+def test_pretraining_is_tracked_and_registered_in_mlflow(pretrain_run: Path) -> None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{pretrain_run.parent / 'mlflow.db'}")
+    (tracked,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert tracked.info.status == "FINISHED"
+    assert tracked.data.tags["teacher"] == "none"
+    assert tracked.data.tags["student_model"] == "configs/teachers/bert-base-uncased"
+    assert tracked.data.params["teacher"] == "None" and tracked.data.params["student.init"] == "random"
+    assert {"train/mlm", "eval/student_mlm_loss"} <= set(tracked.data.metrics)
+    assert not any(key.startswith(("train/ce", "eval/teacher", "eval/top1")) for key in tracked.data.metrics)
+    version = client.get_model_version_by_alias("bert-mini-toy", "candidate")
+    assert version.run_id == tracked.info.run_id and version.tags["teacher"] == "none"
+
+
+def test_killed_pretraining_resumes_with_identical_losses(
+    tmp_path: Path, bert_tokenizer_dir: Path, tiny_dataset_dir: Path, pretrain_run: Path
+) -> None:
+    out = tmp_path / "run"
+    kill_and_resume(lambda: start_pretraining(bert_tokenizer_dir, tiny_dataset_dir, out), out)
+    assert train_losses(out, PRETRAIN_LOSS_KEYS) == train_losses(pretrain_run, PRETRAIN_LOSS_KEYS)
+
+
+def test_a_pretrained_export_is_a_teacher_with_an_mlm_head(
+    tmp_path: Path, tiny_dataset_dir: Path, pretrain_run: Path
+) -> None:
+    """The pretrained model distils a student with L_ce (its logits) through the same launcher."""
+    out = tmp_path / "distil"
+    finish(start(pretrain_run / "student", tiny_dataset_dir, out, "max_steps=4"), out)
+    losses = train_losses(out)
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert all(math.isfinite(v) and v > 0 for step in losses.values() for k, v in step.items() if k != "train/cos")
+    evals = [r for r in records(out) if "eval/teacher_mlm_loss" in r]
+    assert len(evals) == 1 and 0 <= evals[0]["eval/top1_agreement"] <= 1
+    assert (out / "student" / "model.safetensors").is_file()
 
 
 def test_run_sh_also_runs_under_bash() -> None:

@@ -4,10 +4,12 @@ Validates a config and sizes the run without training: the resolved config, the 
 student architectures and parameter counts, the layer map, the batch arithmetic and the FLOPs of
 a distillation step. It reads only the teacher's ``config.json`` (``teacher=configs/teachers/
 bert-base-uncased`` works offline): both models are instantiated on the meta device, which has
-shapes but no storage, so a 1B-parameter teacher costs nothing.
+shapes but no storage, so a 1B-parameter teacher costs nothing. A config without a teacher
+(masked-LM pretraining) plans the student alone, from ``student.model``'s ``config.json``; its
+step is the student's forward and backward only.
 
 The sequence length comes from the dataset manifest when ``data`` already exists, else from
-``--seq-len``, else the teacher's maximum (at most 512).
+``--seq-len``, else the teacher's (without one, the student's) maximum (at most 512).
 
 ``teacher_params`` and ``student_params`` count the encoder (embeddings + transformer layers; no
 MLM head, no pooler), the convention of the published sizes (BERT-base 110M, DistilBERT 66M);
@@ -30,6 +32,7 @@ from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from trainer.config import ObjectiveConfig, TrainConfig
 from trainer.modeling import (
+    base_config,
     build_on_meta,
     encoder_layers,
     load_teacher_config,
@@ -77,7 +80,7 @@ def head_flops_per_position(config: PretrainedConfig) -> int:
 
 
 def distillation_flops_per_token(
-    teacher_config: PretrainedConfig,
+    teacher_config: PretrainedConfig | None,
     student_config: PretrainedConfig,
     seq_len: int,
     teacher_forward: bool,
@@ -86,7 +89,7 @@ def distillation_flops_per_token(
 ) -> dict[str, float]:
     """Model FLOPs per input token of one distillation step (what MFU is computed from).
 
-    The teacher runs forward only (if any loss needs it); the student forward and backward
+    The teacher runs forward only (if any loss needs it; never without a teacher); the student forward and backward
     (backward = 2x forward). Each MLM head runs at the given fraction of positions: the masked
     budget for masked-position losses, 1 for all-position logit losses, 0 when no loss needs it.
     """
@@ -136,7 +139,7 @@ def logit_fractions(objective: ObjectiveConfig, mask_probability: float, seq_len
 
 def step_flops_per_token(
     objective: ObjectiveConfig,
-    teacher_config: PretrainedConfig,
+    teacher_config: PretrainedConfig | None,
     student_config: PretrainedConfig,
     mask_probability: float,
     seq_len: int,
@@ -159,39 +162,41 @@ def read_manifest(data: str) -> dict[str, Any] | None:
 
 
 def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) -> dict[str, Any]:
-    """Everything ``plan`` reports, as plain data (the ``--json`` output)."""
-    teacher_config = load_teacher_config(cfg.teacher)
+    """Everything ``plan`` reports, as plain data (the ``--json`` output); ``teacher`` and ``teacher_params``
+    are None without a teacher."""
+    teacher_config = None if cfg.teacher is None else load_teacher_config(cfg.teacher)
     validate_against_teacher(cfg, teacher_config)
     accumulation = cfg.gradient_accumulation_steps(world_size)
     manifest = read_manifest(cfg.data)
+    s_config = student_config(cfg.student, base_config(cfg.student, teacher_config))
+    # The model that reads the dataset's ids first: the teacher, else the student.
+    reader, reader_config = ("teacher", teacher_config) if teacher_config is not None else ("student", s_config)
 
     if manifest is not None:
         seq_len, seq_source = manifest["max_seq_len"], f"{cfg.data}/manifest.json"
         vocab = manifest["tokenizer"]["vocab_size"]
-        if vocab > teacher_config.vocab_size:
+        if vocab > reader_config.vocab_size:
             raise ConfigError(
-                f"data: the dataset's tokenizer has {vocab} ids but the teacher only {teacher_config.vocab_size} "
+                f"data: the dataset's tokenizer has {vocab} ids but the {reader} only {reader_config.vocab_size} "
                 "embeddings: it was tokenized for another model"
             )
     elif seq_len is not None:
         seq_source = "--seq-len"
     else:
-        seq_len, seq_source = min(512, teacher_config.max_position_embeddings), "teacher maximum (no dataset yet)"
+        seq_len = min(512, reader_config.max_position_embeddings)
+        seq_source = f"{reader} maximum (no dataset yet)"
 
-    s_config = student_config(cfg.student, teacher_config)
-    teacher, student = (
-        describe(teacher_config, build_on_meta(teacher_config)),
-        describe(s_config, build_on_meta(s_config)),
-    )
+    teacher = None if teacher_config is None else describe(teacher_config, build_on_meta(teacher_config))
+    student = describe(s_config, build_on_meta(s_config))
     with torch.device("meta"):
         layers = LayerDistillation(cfg.objective, teacher_config, s_config)
     flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
         "config": to_dict(cfg),
-        "teacher": {"name_or_path": cfg.teacher, **teacher},
-        "student": {"init": cfg.student.init, **student},
-        "teacher_params": teacher["params"]["encoder"],
+        "teacher": None if teacher is None else {"name_or_path": cfg.teacher, **teacher},
+        "student": {"init": cfg.student.init, "model": cfg.student.model, **student},
+        "teacher_params": None if teacher is None else teacher["params"]["encoder"],
         "student_params": student["params"]["encoder"],
         "layer_map": student_layer_map(cfg.student, teacher_config.num_hidden_layers)
         if cfg.student.init == "from_teacher"
@@ -229,8 +234,12 @@ def millions(n: float) -> str:
 def render(plan: dict[str, Any]) -> str:
     """The human-readable report."""
     lines = ["# resolved config", yaml.safe_dump(plan["config"], sort_keys=False).rstrip(), ""]
+    if plan["teacher"] is None:
+        lines.append("teacher: none (masked-LM pretraining: L_mlm alone)")
     for role in ("teacher", "student"):
         m = plan[role]
+        if m is None:
+            continue
         params = m["params"]
         lines.append(
             f"{role}: {m['class']} {m['num_layers']} layers x {m['hidden_size']} hidden, "
@@ -254,7 +263,8 @@ def render(plan: dict[str, Any]) -> str:
         f"{b['world_size']} = global {b['global_batch_size']} sequences of {b['seq_len']} tokens "
         f"({b['seq_len_source']}) = {b['tokens_per_step']:,} tokens per step",
         f"FLOPs per token: teacher forward {plan['flops_per_token']['teacher_forward']:.3e} + student forward/backward "
-        f"{plan['flops_per_token']['student_forward_backward']:.3e} = {plan['flops_per_token']['total']:.3e}",
+        f"{plan['flops_per_token']['student_forward_backward']:.3e} = {plan['flops_per_token']['total']:.3e}"
+        + (" (no teacher: the student's forward and backward only)" if plan["teacher"] is None else ""),
         f"FLOPs per step: {plan['flops_per_step']:.3e}; whole run ({plan['config']['max_steps']} steps): "
         f"{plan['flops_total']:.3e}",
     ]

@@ -1,4 +1,4 @@
-"""What a distillation run records in MLflow: its params, tags and artifacts, as a :class:`RunSpec`.
+"""What a distillation (or pretraining) run records in MLflow: its params, tags and artifacts, as a :class:`RunSpec`.
 
 The MLflow package (``trainer/tracking/``) records whatever a spec says; this module says what
 makes a distillation run reproducible and comparable: the resolved config, the teacher, the
@@ -32,7 +32,7 @@ def training_run_spec(
     zero = deepspeed_config.get("zero_optimization", {})
     commit = git_commit()
     tags = {
-        "teacher": cfg.teacher,
+        "teacher": cfg.teacher if cfg.teacher is not None else "none",  # none: masked-LM pretraining
         "dataset": str(cfg.data),
         "dataset_fingerprint": dataset_fingerprint(manifest) if manifest else "unknown",
         "tokenizer_fingerprint": manifest.get("tokenizer", {}).get("fingerprint", "unknown"),
@@ -42,6 +42,8 @@ def training_run_spec(
         "precision": cfg.deepspeed.precision,
         "git_commit": commit or "unknown",
     }
+    if cfg.student.model is not None:
+        tags["student_model"] = cfg.student.model  # what the student was built (random) or loaded (pretrained) from
     if commit:
         tags["mlflow.source.git.commit"] = commit
     files = [("config", path) for path in config_chain(Path(config_path))] if config_path else []

@@ -7,6 +7,9 @@ directory has one, then step: mask, forward, backward, optimizer step; log, eval
 checkpoint every so many steps; finally export the student as a Hugging Face model. A step whose
 loss or gradient norm is not finite stops the run before anything is saved (``runtime.guard``).
 
+A config with ``teacher: null`` runs the same loop as masked-LM pretraining: no teacher is loaded,
+the student comes from ``student.model`` and L_mlm is its only loss (``trainer.config``).
+
 Nothing in a step reads a device value on the host: losses stay on the device until a log
 step, masks are drawn on the device, and batches arrive in pinned memory.
 """
@@ -52,20 +55,23 @@ def main(argv: list[str]) -> int:
 
 
 def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
-    """Run (or resume) the distillation ``cfg`` describes; returns the exported student's directory."""
+    """Run (or resume) the distillation (or pretraining) ``cfg`` describes; returns the exported student's
+    directory."""
     # Cheap checks first: a bad config or dataset fails in seconds, before any weight is loaded.
     world = init_distributed()
     ds_config = deepspeed_config(cfg, world.world_size)
-    validate_against_teacher(cfg, load_teacher_config(cfg.teacher))
+    validate_against_teacher(cfg, None if cfg.teacher is None else load_teacher_config(cfg.teacher))
     dataset = open_dataset(cfg.data)
-    tokenizer = load_tokenizer(cfg.teacher)
-    check_tokenizer(dataset, tokenizer_identity(tokenizer, cfg.teacher), cfg.teacher)
+    tokenizer_source, tokenizer_key = cfg.tokenizer_source()
+    tokenizer = load_tokenizer(tokenizer_source)
+    check_tokenizer(dataset, tokenizer_identity(tokenizer, tokenizer_source), tokenizer_source, tokenizer_key)
     output_dir = Path(cfg.output_dir)
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
+        task = f"distilling {cfg.teacher}" if cfg.teacher is not None else f"pretraining {cfg.student.model}"
         log.info(
-            "distilling %s on %d rank(s): global batch %d = micro %d x accumulation %d x world %d",
-            cfg.teacher,
+            "%s on %d rank(s): global batch %d = micro %d x accumulation %d x world %d",
+            task,
             world.world_size,
             cfg.global_batch_size,
             cfg.micro_batch_size,
@@ -76,9 +82,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     # Models: the student is derived from the float32 teacher, then the teacher drops to the
     # training dtype and stays outside the engine (see trainer.objective.distiller).
     torch.manual_seed(cfg.seed)
-    teacher = load_teacher(cfg.teacher, torch.float32)
+    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32)
     student = build_student(cfg.student, teacher)
-    teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
+    if teacher is not None:
+        teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
     engine = build_engine(distiller, cfg, ds_config, world.device)
 

@@ -8,7 +8,8 @@ forward under ``no_grad``. The caller moves it to the device (``teacher.to(devic
 
 One step computes only what the weighted terms need (a zero weight means not computed):
 
-* the teacher runs at all only if a term compares with it;
+* the teacher runs at all only if a term compares with it. Without a teacher (``teacher: null``,
+  masked-LM pretraining) L_mlm is the only term, and evaluation reports the student alone;
 * layer terms (TinyBERT, PKD, MiniLM; see ``trainer.objective.layer_distillation``) capture only the
   mapped layers' tensors, and their projections are the only parameters added besides the student;
 * vocabulary logits are computed only where a loss reads them: at the masked positions (the
@@ -30,9 +31,9 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
 from trainer.config import ObjectiveConfig, TrainConfig
-from trainer.modeling import check_student, has_mlm_head, mlm_head, student_config
+from trainer.modeling import base_config, check_student, has_mlm_head, mlm_head, student_config
 from trainer.objective.capture import capture
-from trainer.objective.layer_distillation import LayerDistillation
+from trainer.objective.layer_distillation import LayerDistillation, method_class
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
 from trainer.objective.masking import MaskedBatch, Positions
 
@@ -46,9 +47,31 @@ def active_weights(objective: ObjectiveConfig) -> dict[str, float]:
     return {name: getattr(objective, name) for name in OUTPUT_TERMS if getattr(objective, name) > 0}
 
 
-def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig) -> None:
-    """The config checks that need the teacher's architecture; run before any weight is loaded."""
-    check_student(cfg.student, teacher_config)
+def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig | None) -> None:
+    """The config checks that need the models' architectures; run before any weight is loaded.
+
+    ``teacher_config`` is None without a teacher (``teacher: null``): the student is checked against
+    ``student.model``'s config, and no layer-distillation method may be on (the output-level terms
+    were checked by ``TrainConfig.validate``). A student from ``student.model`` distilled from a
+    teacher must share the teacher's vocabulary: both read the same token ids.
+    """
+    base = base_config(cfg.student, teacher_config)
+    check_student(cfg.student, base)
+    if teacher_config is None:
+        for name in cfg.objective.LAYER_METHODS:
+            require(
+                not method_class(name).active_weights(getattr(cfg.objective, name)),
+                f"objective.{name}",
+                "layer distillation compares with a teacher, but teacher is null; set its weights to 0",
+            )
+        student_config(cfg.student, base)  # the family must have a masked-LM class
+        return
+    require(
+        base.vocab_size == teacher_config.vocab_size,
+        "student.model",
+        f"has {base.vocab_size} token embeddings but the teacher {cfg.teacher!r} {teacher_config.vocab_size}; "
+        "a student must read the teacher's token ids",
+    )
     for key in LOGIT_TERMS:
         if teacher_config.architectures:
             why = (
@@ -67,7 +90,7 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig)
             f"objective.{key}",
             f"needs the teacher's logits, but {why}",
         )
-    s_config = student_config(cfg.student, teacher_config)
+    s_config = student_config(cfg.student, base)
     student_hidden = s_config.hidden_size
     require(
         cfg.objective.cos == 0 or student_hidden == teacher_config.hidden_size,
@@ -85,20 +108,22 @@ class Distiller(nn.Module):
     def __init__(
         self,
         student: PreTrainedModel,
-        teacher: PreTrainedModel,
+        teacher: PreTrainedModel | None,
         objective: ObjectiveConfig,
     ) -> None:
+        """``teacher`` None: masked-LM pretraining (the objective must then hold L_mlm alone)."""
         super().__init__()
         self.student = student
         self._teacher = (teacher,)  # a tuple: not registered, so never partitioned, optimised or saved
         self.objective = objective
         # Layer methods and their learned projections: a registered submodule, so trained and checkpointed.
-        self.layer_distillation = LayerDistillation(objective, teacher.config, student.config)
+        teacher_config = None if teacher is None else teacher.config
+        self.layer_distillation = LayerDistillation(objective, teacher_config, student.config)
         self.capture_specs = self.layer_distillation.capture_specs()
         self.weights = {**active_weights(objective), **self.layer_distillation.weights}
 
     @property
-    def teacher(self) -> PreTrainedModel:
+    def teacher(self) -> PreTrainedModel | None:
         return self._teacher[0]
 
     def student_model(self) -> PreTrainedModel:
@@ -155,7 +180,7 @@ class Distiller(nn.Module):
         then :func:`eval_metrics`.
 
         Keys: ``predicted`` (masked tokens), ``student_loss_sum``, ``student_correct``, and when
-        ``with_teacher`` and the teacher has an MLM head, ``teacher_loss_sum``, ``teacher_correct``
+        ``with_teacher`` and there is a teacher with an MLM head, ``teacher_loss_sum``, ``teacher_correct``
         and ``agreement`` (student and teacher top-1 predictions equal).
         """
         input_ids, masked, targets = batch.input_ids, batch.positions, batch.targets
@@ -173,7 +198,7 @@ class Distiller(nn.Module):
             "student_loss_sum": masked_lm_loss(student_logits, targets, masked.valid) * valid.sum(),
             "student_correct": ((student_top1 == targets).float() * valid).sum(),
         }
-        teacher_head = mlm_head(self.teacher)
+        teacher_head = None if self.teacher is None else mlm_head(self.teacher)
         if with_teacher and teacher_head is not None:
             hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             teacher_logits = teacher_head(masked.take(hidden))

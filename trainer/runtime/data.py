@@ -87,14 +87,18 @@ def open_dataset(path: str | Path) -> Dataset:
     return dataset
 
 
-def check_tokenizer(dataset: Dataset, teacher_identity: dict[str, Any], teacher: str) -> None:
-    """A dataset tokenized for another tokenizer would train on garbage: refuse it up front."""
+def check_tokenizer(dataset: Dataset, teacher_identity: dict[str, Any], teacher: str, key: str = "teacher") -> None:
+    """A dataset tokenized for another tokenizer would train on garbage: refuse it up front.
+
+    ``teacher`` is where the run's tokenizer came from, and ``key`` the config key that named it
+    (``tokenizer`` or ``student.model`` when there is no teacher).
+    """
     expected = dataset.tokenizer["fingerprint"]
     if teacher_identity["fingerprint"] != expected:
         raise ConfigError(
             f"data: {dataset.root} was tokenized with {dataset.tokenizer['name_or_path']!r} "
-            f"(fingerprint {expected[:12]}), but teacher {teacher!r} has a different tokenizer "
-            f"(fingerprint {teacher_identity['fingerprint'][:12]}); re-run preprocessing with the teacher's tokenizer"
+            f"(fingerprint {expected[:12]}), but {key} {teacher!r} has a different tokenizer "
+            f"(fingerprint {teacher_identity['fingerprint'][:12]}); re-run preprocessing with the {key}'s tokenizer"
         )
 
 
