@@ -98,6 +98,8 @@ def test_bad_keys_are_clear_errors(tmp_path):
         main([str(tmp_path), "seeds=[1,1]"])
     with pytest.raises(ConfigError, match=r"tasks_dir: .* has no tasks.json"):
         main([str(tmp_path), f"tasks_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"models: {tmp_path} is not a Hugging Face model directory"):
+        main([str(tmp_path), "mlflow.enabled=false"])
 
 
 @pytest.mark.parametrize("task", sorted(MANIFEST))

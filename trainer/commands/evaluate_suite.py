@@ -77,6 +77,8 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\nEvery config key is listed in docs/config.md.")
         return 0
+    if any(arg.startswith("-") for arg in argv):
+        raise ConfigError("arguments are MODEL [MODEL ...] [CONFIG.yaml] [key=value ...] (see --help)")
     models = [arg for arg in argv if "=" not in arg and not arg.endswith((".yaml", ".yml"))]
     configs = [arg for arg in argv if "=" not in arg and arg.endswith((".yaml", ".yml"))]
     if len(configs) > 1:
@@ -93,7 +95,10 @@ def main(argv: list[str]) -> int:
 
 def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
     """Fine-tune every model on every task with every seed; returns the report also written to ``cfg.output``."""
-    tasks = load_tasks(cfg)  # a bad task name fails before any model is loaded
+    tasks = load_tasks(cfg)  # a bad task name or model directory fails before any fine-tuning
+    for model in cfg.models:
+        if ":/" not in model:
+            require((Path(model) / "config.json").is_file(), "models", f"{model} is not a Hugging Face model directory")
     with tempfile.TemporaryDirectory(prefix="evaluate-suite.") as tmp:
         work = Path(cfg.work_dir) if cfg.work_dir else Path(tmp)
         data = {name: write_subsets(task, work / "data" / name, cfg) for name, task in tasks.items()}
