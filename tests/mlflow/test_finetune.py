@@ -21,6 +21,7 @@ from trainer.commands.finetune import (
     hold_out,
     ranks,
     read_dataset,
+    start_at_mean,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "data" / "docs-classification.jsonl"
@@ -149,6 +150,15 @@ def test_regression_reports_what_its_model_predicts(tiny_student_dir, tmp_path):
     assert result["pearson"] == pytest.approx(correlation(predicted, target), abs=1e-4)
     assert result["spearman"] == pytest.approx(correlation(ranks(predicted), ranks(target)), abs=1e-4)
     assert result["loss"] == pytest.approx(float(((predicted - target) ** 2).mean()), rel=1e-3)
+
+
+def test_regression_output_starts_at_the_mean_target(tiny_student_dir):
+    """Else a short fine-tune spends itself moving the output from 0 to the targets' mean (see start_at_mean)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_student_dir, num_labels=1)
+    start_at_mean(model, [1.0, 2.0, 6.0])
+    assert model.classifier.bias.tolist() == [3.0]
 
 
 def test_rank_correlation_and_bad_regression_labels(tiny_student_dir, tmp_path):

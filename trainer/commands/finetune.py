@@ -118,6 +118,8 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         else:
             head = {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": label_ids}
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, **head)
+        if cfg.task == "regression":
+            start_at_mean(model, train.labels)
     tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
     train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
     valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
@@ -337,6 +339,16 @@ def ranks(values: torch.Tensor) -> torch.Tensor:
     _, inverse, counts = torch.unique(values.double(), return_inverse=True, return_counts=True)
     first = torch.cumsum(counts, 0) - counts + 1
     return (first + (counts - 1) / 2)[inverse]
+
+
+def start_at_mean(model: Any, targets: list[float]) -> None:
+    """Set the regression output's bias to the mean training target. The head starts at zero, and
+    AdamW moves a bias by about ``lr`` per step, so a target mean of a few units would otherwise be
+    reached only by distorting the encoder, and a short fine-tune would spend itself on the offset."""
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
+    output = linear[-1]  # the head comes last in every Hugging Face sequence-classification model
+    with torch.no_grad():
+        output.bias.fill_(sum(targets) / len(targets))
 
 
 def save_model(model: Any, tokenizer: Any, dest: Path) -> Path:
