@@ -19,12 +19,14 @@ COMMANDS = {
     "finetune": ("trainer.commands.finetune", "fine-tune a student on a text-classification dataset"),
     "register": ("trainer.tracking.registry", "register an exported student in the MLflow model registry"),
     "promote": ("trainer.tracking.registry", "point an alias at a registered student version"),
+    "evaluate-suite": ("trainer.commands.evaluate_suite", "fine-tune models on the evaluation suite, one table"),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m trainer COMMAND [ARGS ...]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ import typing
 from pathlib import Path
 
 from preprocessing.config import PreprocessConfig
+from trainer.commands.evaluate_suite import SuiteConfig
 from trainer.commands.finetune import FinetuneConfig
 from trainer.config import TrainConfig
 
@@ -32,9 +33,16 @@ def documented_keys(section: str) -> set[str]:
 
 
 def test_every_key_is_documented():
-    for section, cls in (("preprocessing", PreprocessConfig), ("trainer", TrainConfig), ("finetune", FinetuneConfig)):
+    sections = (
+        ("preprocessing", PreprocessConfig),
+        ("trainer", TrainConfig),
+        ("finetune", FinetuneConfig),
+        ("evaluate-suite", SuiteConfig),
+    )
+    for section, cls in sections:
         documented = documented_keys(section)
-        expected = {k for k in dotted_keys(cls) if not (section == "finetune" and k.startswith("mlflow."))}
+        commands = ("finetune", "evaluate-suite")
+        expected = {k for k in dotted_keys(cls) if not (section in commands and k.startswith("mlflow."))}
         expected = {"beam.*" if k == "beam" else k for k in expected}
         assert expected <= documented, f"{section}: undocumented keys {sorted(expected - documented)}"
         stale = documented - expected - {"mlflow.*"}

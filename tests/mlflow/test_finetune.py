@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -12,7 +13,16 @@ import torch
 from safetensors.torch import load_file
 
 from common.config import ConfigError, load_config
-from trainer.commands.finetune import FinetuneConfig, finetune, hold_out, read_dataset
+from trainer.commands.finetune import (
+    FinetuneConfig,
+    correlation,
+    encode,
+    finetune,
+    hold_out,
+    ranks,
+    read_dataset,
+    start_at_mean,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "data" / "docs-classification.jsonl"
 
@@ -91,3 +101,74 @@ def test_bad_data_is_a_clear_error_or_a_counted_skip(tiny_student_dir, tmp_path,
         result = finetune(config(tiny_student_dir, with_empty, tmp_path / "o", "epochs=1", "valid_fraction=0.25"))
     assert "skipped 1 rows with an empty 'text'" in caplog.text
     assert result["total"] == 2  # 8 usable rows, a quarter held out
+
+
+def test_sentence_pairs_are_encoded_as_one_sequence_of_two_segments(tiny_student_dir, tmp_path):
+    """text_pair_column: both texts reach the model, as [CLS] a [SEP] b [SEP] with token types 0 and 1."""
+    from transformers import AutoTokenizer
+
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"a": f"first text {i}", "b": f"second text {i}", "same": i % 2} for i in range(12)]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config(tiny_student_dir, pairs, tmp_path / "o", "text_column=a", "text_pair_column=b", "label_column=same")
+    split = read_dataset(pairs, cfg)["train"]
+    assert (split.texts[3], split.pairs[3], split.labels[3]) == ("first text 3", "second text 3", 1)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_student_dir)
+    (example,) = encode(tokenizer, split.subset([3]), {"0": 0, "1": 1}, 64)
+    assert tokenizer.decode(example["input_ids"]) == "[CLS] first text 3 [SEP] second text 3 [SEP]"
+    assert example["token_type_ids"] == [0] * 5 + [1] * 4 and example["labels"] == 1
+
+    result = finetune(dataclasses.replace(cfg, epochs=1))
+    assert result["total"] == 2 and result["labels"] == ["0", "1"]  # 12 rows, a fifth held out
+
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({"a": "x", "same": 0}) + "\n")
+    with pytest.raises(ConfigError, match=r"missing.jsonl:1 has no column 'b' \(set text_pair_column\)"):
+        finetune(config(tiny_student_dir, missing, tmp_path / "o", "text_column=a", "text_pair_column=b"))
+
+
+def test_regression_reports_what_its_model_predicts(tiny_student_dir, tmp_path):
+    """task=regression on real data (Debian descriptions -> log10 installed size, gzipped JSONL): one
+    output trained with MSE; the Pearson correlation and the loss it reports are those of its saved
+    model's predictions on the validation split."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    sizes = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "tasks" / "debian-size"
+    cfg = config(tiny_student_dir, sizes / "train.jsonl.gz", tmp_path, "task=regression", "valid_fraction=0.1")
+    result = finetune(dataclasses.replace(cfg, epochs=1, batch_size=64, lr=1e-3))
+    assert {"pearson", "spearman", "loss", "total"} <= result.keys() and result["total"] == 200
+
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model").eval()
+    assert (model.config.num_labels, model.config.problem_type) == (1, "regression")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    _, valid = hold_out(read_dataset(sizes / "train.jsonl.gz", cfg)["train"], cfg.valid_fraction, cfg.seed)
+    with torch.no_grad():
+        batch = tokenizer(valid.texts, truncation=True, max_length=64, padding=True, return_tensors="pt")
+        predicted = model(**batch).logits.squeeze(-1)
+    target = torch.tensor(valid.labels)
+    assert result["pearson"] == pytest.approx(correlation(predicted, target), abs=1e-4)
+    assert result["spearman"] == pytest.approx(correlation(ranks(predicted), ranks(target)), abs=1e-4)
+    assert result["loss"] == pytest.approx(float(((predicted - target) ** 2).mean()), rel=1e-3)
+
+
+def test_regression_output_starts_at_the_mean_target(tiny_student_dir):
+    """Else a short fine-tune spends itself moving the output from 0 to the targets' mean (see start_at_mean)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_student_dir, num_labels=1)
+    start_at_mean(model, [1.0, 2.0, 6.0])
+    assert model.classifier.bias.tolist() == [3.0]
+
+
+def test_rank_correlation_and_bad_regression_labels(tiny_student_dir, tmp_path):
+    assert ranks(torch.tensor([10.0, 30.0, 20.0, 20.0])).tolist() == [1.0, 4.0, 2.5, 2.5]  # ties share their mean
+    assert correlation(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 7.0])) == pytest.approx(0.9934, abs=1e-4)
+    assert correlation(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 2.0, 3.0])) == 0.0  # constant: no correlation
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "a", "label": 1.5}) + "\n" + json.dumps({"text": "b", "label": "big"}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2 has 'label' = 'big', not a finite number \(task=regression\)"):
+        finetune(config(tiny_student_dir, bad, tmp_path / "o", "task=regression"))
+    with pytest.raises(ConfigError, match="task: must be one of classification, regression, got 'ranking'"):
+        config(tiny_student_dir, bad, tmp_path / "o", "task=ranking")

@@ -2,9 +2,11 @@
 
 What a downstream team does with a registered student: pull it (``model=models:/NAME@ALIAS``,
 ``models:/NAME/VERSION``, or a local Hugging Face directory), fine-tune it for text
-classification, and read its accuracy on a validation split. The data is a CSV or JSONL file
-with ``text`` and ``label`` columns (names configurable), or a ``datasets`` dataset saved with
-``save_to_disk``; the validation split is ``validation=PATH``, else the dataset's own
+classification (``task=classification``: accuracy) or regression (``task=regression``: one output,
+mean squared error, scored by Pearson and Spearman correlation), and read its score on a
+validation split. The data is a CSV or JSONL file with ``text`` and ``label`` columns (names
+configurable; ``text_pair_column`` adds a second text, encoded as a sentence pair), or a
+``datasets`` dataset saved with ``save_to_disk``; the validation split is ``validation=PATH``, else the dataset's own
 ``validation`` split, else a held-out ``valid_fraction`` chosen by ``seed``. A plain torch loop
 that runs on a laptop CPU, deterministic for a seed. Logged to MLflow like training (experiment
 ``finetune``); ``mlflow.register_as`` registers the classifier too.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
 import logging
 import math
@@ -39,6 +42,7 @@ from trainer.tracking.tracker import RunSpec, open_tracker
 log = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("validation", "valid", "test")  # a saved DatasetDict's validation split, first found
+TASKS = ("classification", "regression")
 
 
 @dataclasses.dataclass
@@ -54,7 +58,9 @@ class FinetuneConfig:
     validation: str | None = None  # a separate validation file or dataset directory
     valid_fraction: float = 0.2  # held out from `data` when there is no validation split
     text_column: str = "text"
+    text_pair_column: str | None = None  # a second text per example: the pair is encoded as one sequence
     label_column: str = "label"
+    task: str = "classification"  # or "regression": numeric labels, one output, MSE
     max_seq_len: int = 128
     epochs: int = 3
     batch_size: int = 16
@@ -72,28 +78,34 @@ class FinetuneConfig:
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
         require(0 <= self.warmup_fraction < 1, "warmup_fraction", "must be in [0, 1)")
+        require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}, got {self.task!r}")
 
 
 @dataclasses.dataclass
 class Split:
     texts: list[str]
     labels: list[Any]
+    pairs: list[str] | None = None  # the second texts, with text_pair_column
 
     def subset(self, indices: list[int]) -> Split:
-        return Split([self.texts[i] for i in indices], [self.labels[i] for i in indices])
+        pairs = None if self.pairs is None else [self.pairs[i] for i in indices]
+        return Split([self.texts[i] for i in indices], [self.labels[i] for i in indices], pairs)
 
 
 def main(argv: list[str]) -> int:
     path, overrides = split_config_args(argv, __doc__)
     cfg = load_config(FinetuneConfig, path, overrides)
     result = finetune(cfg, config_path=path)
-    print(f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
+    if cfg.task == "regression":
+        print(f"validation pearson {result['pearson']:.4f} spearman {result['spearman']:.4f} ({result['total']})")
+    else:
+        print(f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
     return 0
 
 
 def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the validation metrics (also in metrics.json)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, DataCollatorWithPadding
 
     train, valid = load_splits(cfg)  # bad data fails here, before a model is downloaded
     names, label_ids = label_mapping(train, valid, cfg)
@@ -103,10 +115,18 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         model_dir, source = resolve_model(cfg, Path(tmp) / "model")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         torch.manual_seed(cfg.seed)
-        model = load_classifier(model_dir, names, label_ids)
+        if cfg.task == "regression":
+            head: dict[str, Any] = {"num_labels": 1, "problem_type": "regression"}
+        else:
+            head = {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": label_ids}
+        model = load_classifier(model_dir, head)
+        if cfg.task == "regression":
+            start_at_mean(model, train.labels)
     tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
     train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
     valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
+    collate = DataCollatorWithPadding(tokenizer)  # pads each batch to its longest example
+    metric = PRIMARY_METRIC[cfg.task]
     log.info("fine-tuning %s on %d examples, validating on %d", cfg.model, len(train.texts), len(valid.texts))
 
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
@@ -120,7 +140,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         for indices in torch.randperm(len(train_set), generator=order).split(cfg.batch_size):
-            batch = collate(tokenizer, [train_set[i] for i in indices])
+            batch = collate([train_set[i] for i in indices])
             loss = model(**batch).loss
             loss.backward()
             if cfg.grad_clip > 0:
@@ -142,20 +162,21 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
                     duration(elapsed),
                     duration(eta),
                 )
-        result = evaluate(model, tokenizer, valid_set, cfg.batch_size)
-        tracker.log_metrics({"eval/accuracy": result["accuracy"], "eval/loss": result["loss"]}, step)
-        log.info("epoch %d | validation accuracy %.4f | loss %.4f", epoch, result["accuracy"], result["loss"])
+        result = evaluate(model, collate, valid_set, cfg.batch_size)
+        tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
+        log.info("epoch %d | validation %s %.4f | loss %.4f", epoch, metric, result[metric], result["loss"])
 
     model_out = save_model(model, tokenizer, output_dir / "model")
     result.update(steps=step, labels=names, model=str(model_out), source=source)
     write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
-    tracker.finish({"eval/accuracy": result["accuracy"]})
+    tracker.finish({f"eval/{metric}": result[metric]})
     register_or_explain(model_out, cfg.mlflow, tracker, task="text-classification")
     return result
 
 
-def load_classifier(model_dir: Path, names: list[str], label_ids: dict[str, int]) -> Any:
-    """The student with a new classification head, and one line saying which weights are new.
+def load_classifier(model_dir: Path, head: dict[str, Any]) -> Any:
+    """The student with a new classification (or regression) head set up by ``head``'s keyword arguments,
+    and one line saying which weights are new.
 
     A student checkpoint has a masked-LM head and no pooler or classifier, so transformers' load
     report (a table of a dozen lines) lists the same expected keys on every fine-tune. It is
@@ -168,8 +189,7 @@ def load_classifier(model_dir: Path, names: list[str], label_ids: dict[str, int]
     level = loader_log.level
     loader_log.setLevel(logging.ERROR)  # errors (and a size mismatch, which raises) still surface
     try:
-        labels = {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": label_ids}
-        model, info = AutoModelForSequenceClassification.from_pretrained(model_dir, **labels, output_loading_info=True)
+        model, info = AutoModelForSequenceClassification.from_pretrained(model_dir, **head, output_loading_info=True)
     finally:
         loader_log.setLevel(level)
     new_head = ("classifier.", "pooler.")
@@ -205,17 +225,20 @@ def load_splits(cfg: FinetuneConfig) -> tuple[Split, Split]:
 
 
 def read_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
-    """``{split name: Split}`` from a CSV or JSONL file (one split, "train") or a saved dataset."""
+    """``{split name: Split}`` from a CSV or JSONL file, either possibly gzipped (one split, "train"),
+    or a saved dataset."""
     if path.is_dir():
         return read_saved_dataset(path, cfg)
     if not path.is_file():
         raise ConfigError(f"data: {path} does not exist")
-    if path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    suffix = path.with_suffix("").suffix if path.suffix == ".gz" else path.suffix
+    if suffix == ".csv":
+        with opener(path, "rt", newline="", encoding="utf-8") as f:
             rows = [(f"{path}:{i}", row) for i, row in enumerate(csv.DictReader(f), start=2)]
-    elif path.suffix in (".jsonl", ".json"):
+    elif suffix in (".jsonl", ".json"):
         rows = []
-        with path.open(encoding="utf-8") as f:
+        with opener(path, "rt", encoding="utf-8") as f:
             for i, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -224,7 +247,7 @@ def read_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
                 except json.JSONDecodeError as err:
                     raise ConfigError(f"data: {path}:{i} is not JSON: {err}") from None
     else:
-        raise ConfigError(f"data: {path} must be .csv, .jsonl or a `datasets` directory (save_to_disk)")
+        raise ConfigError(f"data: {path} must be .csv or .jsonl (optionally .gz), or a `datasets` directory")
     return {"train": to_split(rows, cfg, str(path))}
 
 
@@ -243,23 +266,41 @@ def read_saved_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
 
 
 def to_split(rows: Any, cfg: FinetuneConfig, source: str) -> Split:
-    """Texts and labels; a missing column is an error, an empty text a counted, reported skip."""
-    texts, labels, empty = [], [], 0
+    """Texts (and pairs) and labels; a missing column or a non-numeric regression label is an error,
+    an empty text a counted, reported skip."""
+    text_columns = [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
+    texts, pairs, labels, empty = [], [], [], 0
     for where, row in rows:
-        for column in (cfg.text_column, cfg.label_column):
+        for column in (*text_columns, cfg.label_column):
             if not isinstance(row, dict) or column not in row:
-                raise ConfigError(f"data: {where} has no column {column!r} (set text_column / label_column)")
-        text, label = row[cfg.text_column], row[cfg.label_column]
+                key = "text_pair_column" if column == cfg.text_pair_column else "text_column / label_column"
+                raise ConfigError(f"data: {where} has no column {column!r} (set {key})")
+        label = row[cfg.label_column]
         if label is None or label == "":
             raise ConfigError(f"data: {where} has an empty {cfg.label_column!r}")
-        if not isinstance(text, str) or not text.strip():
+        if cfg.task == "regression":
+            label = regression_label(label, where, cfg.label_column)
+        values = [row[column] for column in text_columns]
+        if any(not isinstance(value, str) or not value.strip() for value in values):
             empty += 1
             continue
-        texts.append(text)
+        texts.append(values[0])
+        pairs.append(values[-1])
         labels.append(label)
     if empty:
-        log.warning("%s: skipped %d rows with an empty %r", source, empty, cfg.text_column)
-    return Split(texts, labels)
+        log.warning("%s: skipped %d rows with an empty %s", source, empty, " or ".join(map(repr, text_columns)))
+    return Split(texts, labels, pairs if cfg.text_pair_column else None)
+
+
+def regression_label(value: Any, where: str, column: str) -> float:
+    """A regression target as a finite float (CSV gives strings)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ConfigError(f"data: {where} has {column!r} = {value!r}, not a finite number (task=regression)")
+    return number
 
 
 def hold_out(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
@@ -271,7 +312,10 @@ def hold_out(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
 
 
 def label_mapping(train: Split, valid: Split, cfg: FinetuneConfig) -> tuple[list[str], dict[str, int]]:
-    """Label names and ids: integer labels 0..N-1 keep their ids, other labels are sorted."""
+    """Label names and ids: integer labels 0..N-1 keep their ids, other labels are sorted.
+    Regression has no classes: ``([], {})``."""
+    if cfg.task == "regression":
+        return [], {}
     values = sorted(set(train.labels), key=str)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         require(values == list(range(len(values))), "label_column", f"integer labels must be 0..N-1, got {values}")
@@ -283,16 +327,11 @@ def label_mapping(train: Split, valid: Split, cfg: FinetuneConfig) -> tuple[list
 
 
 def encode(tokenizer: Any, split: Split, label_ids: dict[str, int], max_seq_len: int) -> list[dict[str, Any]]:
-    encoded = tokenizer(split.texts, truncation=True, max_length=max_seq_len)
-    return [
-        {"input_ids": ids, "attention_mask": mask, "labels": label_ids[str(label)]}
-        for ids, mask, label in zip(encoded["input_ids"], encoded["attention_mask"], split.labels, strict=True)
-    ]
-
-
-def collate(tokenizer: Any, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Pad to the longest example of the batch."""
-    return tokenizer.pad(examples, return_tensors="pt")
+    """Token ids (a pair as ``[CLS] a [SEP] b [SEP]`` with its token types, the longer text truncated
+    first) and the label: its class id, or the float target when there are no classes."""
+    encoded = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_seq_len)
+    labels = [label_ids[str(label)] if label_ids else float(label) for label in split.labels]
+    return [{**{key: values[i] for key, values in encoded.items()}, "labels": labels[i]} for i in range(len(labels))]
 
 
 # ------------------------------------------------------------------------------------------------- model
@@ -310,21 +349,52 @@ def resolve_model(cfg: FinetuneConfig, scratch: Path) -> tuple[Path, dict[str, s
     return scratch, json.loads((scratch / SOURCE_FILE).read_text(encoding="utf-8"))
 
 
+PRIMARY_METRIC = {"classification": "accuracy", "regression": "pearson"}  # what a run is scored by
+
+
 @torch.no_grad()
-def evaluate(model: Any, tokenizer: Any, examples: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+def evaluate(model: Any, collate: Any, examples: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """Validation loss and score: accuracy (with the counts), or for a one-output regression head
+    Pearson and Spearman correlation of prediction and target (the loss is then the MSE)."""
     model.eval()
-    correct, loss_sum = 0, 0.0
+    predictions, targets, loss_sum = [], [], 0.0
     for start in range(0, len(examples), batch_size):
-        batch = collate(tokenizer, examples[start : start + batch_size])
+        batch = collate(examples[start : start + batch_size])
         out = model(**batch)
-        correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        predictions.append(out.logits.squeeze(-1) if out.logits.shape[-1] == 1 else out.logits.argmax(-1))
+        targets.append(batch["labels"])
         loss_sum += float(out.loss) * len(batch["labels"])
-    return {
-        "accuracy": correct / len(examples),
-        "correct": correct,
-        "total": len(examples),
-        "loss": loss_sum / len(examples),
-    }
+    predicted, target = torch.cat(predictions), torch.cat(targets)
+    result: dict[str, Any] = {"total": len(examples), "loss": loss_sum / len(examples)}
+    if predicted.is_floating_point():
+        result.update(pearson=correlation(predicted, target), spearman=correlation(ranks(predicted), ranks(target)))
+    else:
+        correct = int((predicted == target).sum())
+        result.update(accuracy=correct / len(examples), correct=correct)
+    return result
+
+
+def correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson's r in float64; 0 when either side is constant (a collapsed regressor correlates with nothing)."""
+    value = float(torch.corrcoef(torch.stack([x.double(), y.double()]))[0, 1])
+    return value if math.isfinite(value) else 0.0
+
+
+def ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks from 1, ties given their mean rank (as Spearman's coefficient needs)."""
+    _, inverse, counts = torch.unique(values.double(), return_inverse=True, return_counts=True)
+    first = torch.cumsum(counts, 0) - counts + 1
+    return (first + (counts - 1) / 2)[inverse]
+
+
+def start_at_mean(model: Any, targets: list[float]) -> None:
+    """Set the regression output's bias to the mean training target. The head starts at zero, and
+    AdamW moves a bias by about ``lr`` per step, so a target mean of a few units would otherwise be
+    reached only by distorting the encoder, and a short fine-tune would spend itself on the offset."""
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
+    output = linear[-1]  # the head comes last in every Hugging Face sequence-classification model
+    with torch.no_grad():
+        output.bias.fill_(sum(targets) / len(targets))
 
 
 def save_model(model: Any, tokenizer: Any, dest: Path) -> Path:

@@ -1,0 +1,306 @@
+"""Builds the evaluation suite's task files (``benchmarks/quality/tasks/``) from Debian's archive
+index and WordNet, and measures each task's bag-of-words baseline.
+
+    # inputs (once; nothing here touches the system's own apt state)
+    mkdir -p /tmp/apt/lists/partial
+    apt-get update -o Dir::State::Lists=/tmp/apt/lists -o Acquire::Languages=en
+    (cd /tmp/apt && apt-get download wordnet-base && dpkg-deb -x wordnet-base_*.deb wn)
+    # build
+    python benchmarks/quality/make_tasks.py --lists /tmp/apt/lists --wordnet /tmp/apt/wn/usr/share/wordnet
+
+Three tasks, each a ``train.jsonl.gz`` and a ``validation.jsonl.gz``, described in ``tasks.json``
+(kind, columns, metric, sizes, source, the baseline) and in ``README.md`` (provenance, licences):
+
+- ``debian-section``: a package's description -> its archive section (10 classes).
+- ``debian-size``: a package's description -> log10 of its installed size in KiB (regression).
+- ``wordnet-hypernym``: two noun senses (lemmas and definition) -> is the second a direct
+  hypernym ("is a kind of") of the first, or a sibling of that hypernym (sentence pair).
+
+Deterministic for ``--seed``: the same inputs give byte-identical files (gzip without a
+timestamp). Classification splits are ordered in rounds of one example per class, so that the
+first N rows (the suite's size knob) are as balanced as the whole split. Debian packages are
+deduplicated by source package before the split, so near-identical descriptions of one source's
+binaries never sit on both sides of it.
+
+The baseline is TF-IDF bag-of-words (unigrams and bigrams) with logistic regression (classes) or
+ridge regression (size), fit on the train split and scored on validation; for the pair task the
+features are both texts' vectors and their element-wise product (which word the two share).
+A task is kept only if that baseline stays below 0.90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import math
+import random
+import re
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+TRAIN_SIZE, VALID_SIZE = 2000, 500
+SECTIONS = ("admin", "database", "editors", "games", "graphics", "mail", "math", "net", "science", "sound")
+BASELINE_LIMIT = 0.90
+WORDNET_SOURCE = "WordNet 3.0 noun database (Debian package wordnet-base 1:3.0-37)"
+
+
+# ------------------------------------------------------------------------------------------- Debian
+def deb822(text: str) -> list[dict[str, str]]:
+    """Paragraphs of a Debian control file: field -> value (continuation lines joined with newlines)."""
+    records = []
+    for block in text.split("\n\n"):
+        record: dict[str, str] = {}
+        field = None
+        for line in block.splitlines():
+            if line.startswith((" ", "\t")) and field:
+                record[field] += "\n" + line[1:]
+            elif ":" in line:
+                field, value = line.split(":", 1)
+                record[field] = value.strip()
+        if record:
+            records.append(record)
+    return records
+
+
+def lz4_text(path: Path) -> str:
+    return subprocess.run(["lz4cat", str(path)], check=True, capture_output=True).stdout.decode("utf-8")
+
+
+def description_text(long_description: str) -> str:
+    """Debian's description markup as plain text: ' .' lines are paragraph breaks; lines are joined."""
+    paragraphs = [" ".join(line.split()) for line in long_description.split("\n.\n")]
+    return "\n".join(p.replace("\n", " ") for p in paragraphs if p and p != ".")
+
+
+def debian_packages(lists: Path) -> tuple[list[dict[str, Any]], str]:
+    """One package per source package (the binary named like its source, else the shortest name),
+    with its full English description; transitional and dummy packages are left out."""
+    (packages_file,) = lists.glob("*_debian_dists_bookworm_main_binary-amd64_Packages.lz4")
+    (translation_file,) = lists.glob("*_debian_dists_bookworm_main_i18n_Translation-en.lz4")
+    descriptions = {
+        (r["Package"], r["Description-md5"]): r["Description-en"] for r in deb822(lz4_text(translation_file))
+    }
+    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in deb822(lz4_text(packages_file)):
+        full = descriptions.get((r["Package"], r.get("Description-md5", "")))
+        if full is None or "Installed-Size" not in r:
+            continue
+        short, _, body = full.partition("\n")
+        if re.search(r"transitional|dummy", short, re.I) or not body.strip():
+            continue
+        source = r.get("Source", r["Package"]).split()[0]
+        by_source[source].append(
+            {
+                "package": r["Package"],
+                "version": r["Version"],
+                "section": r["Section"].split("/")[-1],
+                "installed_kib": int(r["Installed-Size"]),
+                "text": short.strip() + "\n" + description_text(body),
+            }
+        )
+    chosen = [
+        min(group, key=lambda p: (p["package"] != source, len(p["package"]), p["package"]))
+        for source, group in by_source.items()
+    ]
+    release = next(lists.glob("*_debian_dists_bookworm_InRelease")).read_text(encoding="utf-8")
+    version, date = (re.search(rf"^{field}: (.*)$", release, re.M).group(1) for field in ("Version", "Date"))
+    return sorted(chosen, key=lambda p: p["package"]), f"Debian {version} bookworm (archive index of {date})"
+
+
+def section_task(packages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Balanced as far as the smallest sections allow: at most (train+valid)/10 per section."""
+    per_class = (TRAIN_SIZE + VALID_SIZE) // len(SECTIONS)
+    rows = []
+    for section in SECTIONS:
+        pool = [p for p in packages if p["section"] == section]
+        rng.shuffle(pool)
+        rows += [{"text": p["text"], "label": section, "package": p["package"]} for p in pool[:per_class]]
+    rng.shuffle(rows)
+    return rows
+
+
+def size_task(packages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Any section; the label is log10 of the installed size in KiB (Debian counts at least 1)."""
+    pool = list(packages)
+    rng.shuffle(pool)
+    return [
+        {"text": p["text"], "label": round(math.log10(max(p["installed_kib"], 1)), 4), "package": p["package"]}
+        for p in pool[: TRAIN_SIZE + VALID_SIZE]
+    ]
+
+
+# ------------------------------------------------------------------------------------------ WordNet
+def wordnet_nouns(wordnet: Path) -> dict[str, dict[str, Any]]:
+    """offset -> {text: "lemma, lemma: definition", hypernyms: [offsets]} for every noun synset."""
+    synsets = {}
+    for line in (wordnet / "data.noun").read_text(encoding="utf-8").splitlines():
+        if line.startswith(" "):
+            continue  # the licence header
+        fields, _, gloss = line.partition(" | ")
+        parts = fields.split()
+        n_words = int(parts[3], 16)
+        lemmas = [parts[4 + 2 * i].replace("_", " ") for i in range(n_words)]
+        lemmas = [re.sub(r"\(\w+\)$", "", lemma) for lemma in lemmas]
+        at = 4 + 2 * n_words
+        n_pointers = int(parts[at])
+        pointers = [parts[at + 1 + 4 * i : at + 5 + 4 * i] for i in range(n_pointers)]
+        definition = gloss.split('; "')[0].strip().rstrip(";")
+        synsets[parts[0]] = {
+            "text": f"{', '.join(lemmas[:3])}: {definition}",
+            "hypernyms": [p[1] for p in pointers if p[0] == "@"],
+            "hyponyms": [p[1] for p in pointers if p[0] == "~"],
+        }
+    return synsets
+
+
+def hypernym_task(synsets: dict[str, dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Half positives (X, its only hypernym H), half negatives (X, a sibling S of H: another
+    hyponym of H's own hypernym), each X once. The negative is as general as the right answer and
+    from the same neighbourhood of the hierarchy, so "is the second broader" is not enough."""
+    candidates = []
+    for offset, synset in synsets.items():
+        if len(synset["hypernyms"]) != 1:
+            continue
+        parent = synset["hypernyms"][0]
+        grandparents = synsets[parent]["hypernyms"]
+        if len(grandparents) != 1:
+            continue
+        siblings = [s for s in synsets[grandparents[0]]["hyponyms"] if s != parent]
+        if siblings:
+            candidates.append((offset, parent, sorted(siblings)))
+    rng.shuffle(candidates)
+    rows = []
+    for i, (offset, parent, siblings) in enumerate(candidates[: TRAIN_SIZE + VALID_SIZE]):
+        positive = i % 2 == 0
+        other = parent if positive else rng.choice(siblings)
+        rows.append({"text": synsets[offset]["text"], "text_pair": synsets[other]["text"], "label": int(positive)})
+    rng.shuffle(rows)
+    return rows
+
+
+def interleave(rows: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Rows in rounds of one example per label (each round in a random order), so that every prefix
+    of a split (the suite's ``train_size``) holds the labels in the same proportions as the split."""
+    by_label: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_label[row["label"]].append(row)
+    ordered = []
+    for round_ in range(max(map(len, by_label.values()))):
+        batch = [group[round_] for group in by_label.values() if round_ < len(group)]
+        rng.shuffle(batch)
+        ordered += batch
+    return ordered
+
+
+# ----------------------------------------------------------------------------------------- baseline
+def bow_baseline(train: list[dict[str, Any]], valid: list[dict[str, Any]], kind: str) -> dict[str, float]:
+    """TF-IDF bag-of-words + logistic (classification) or ridge (regression) regression, on validation."""
+    import numpy as np
+    from scipy.sparse import hstack
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    if kind == "pair":
+        vectorizer.fit([r["text"] for r in train] + [r["text_pair"] for r in train])
+
+        def features(rows: list[dict[str, Any]]) -> Any:
+            a = vectorizer.transform([r["text"] for r in rows])
+            b = vectorizer.transform([r["text_pair"] for r in rows])
+            return hstack([a, b, a.multiply(b)]).tocsr()
+
+        x_train, x_valid = features(train), features(valid)
+    else:
+        x_train = vectorizer.fit_transform([r["text"] for r in train])
+        x_valid = vectorizer.transform([r["text"] for r in valid])
+    y_train = [r["label"] for r in train]
+    y_valid = [r["label"] for r in valid]
+    if kind == "regression":
+        predicted = Ridge(alpha=1.0).fit(x_train, y_train).predict(x_valid)
+        return {
+            "pearson": round(float(pearsonr(predicted, y_valid)[0]), 4),
+            "spearman": round(float(spearmanr(predicted, y_valid)[0]), 4),
+        }
+    predicted = LogisticRegression(C=10.0, max_iter=2000).fit(x_train, y_train).predict(x_valid)
+    return {"accuracy": round(float(np.mean(predicted == np.array(y_valid))), 4)}
+
+
+# ------------------------------------------------------------------------------------------- output
+def write_jsonl_gz(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Byte-identical for the same rows: gzip without a file name or timestamp."""
+    raw = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows).encode("utf-8")
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, filename="") as f:
+        f.write(raw)
+    path.write_bytes(buffer.getvalue())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lists", type=Path, required=True, help="apt lists directory with Translation-en")
+    parser.add_argument("--wordnet", type=Path, required=True, help="WordNet 3.0 dict directory (data.noun)")
+    parser.add_argument("--out", type=Path, default=TASKS_DIR)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    packages, debian_release = debian_packages(args.lists)
+    debian_source = f"{debian_release} main, Packages + Translation-en"
+    specs = {
+        "debian-section": {
+            "kind": "classification",
+            "metric": "accuracy",
+            "text_column": "text",
+            "rows": section_task(packages, random.Random(args.seed)),
+            "source": debian_source,
+        },
+        "debian-size": {
+            "kind": "regression",
+            "metric": "pearson",
+            "text_column": "text",
+            "rows": size_task(packages, random.Random(args.seed + 1)),
+            "source": debian_source,
+        },
+        "wordnet-hypernym": {
+            "kind": "pair",
+            "metric": "accuracy",
+            "text_column": "text",
+            "text_pair_column": "text_pair",
+            "rows": hypernym_task(wordnet_nouns(args.wordnet), random.Random(args.seed + 2)),
+            "source": WORDNET_SOURCE,
+        },
+    }
+    manifest: dict[str, Any] = {"seed": args.seed, "tasks": {}}
+    for name, spec in specs.items():
+        rows = spec.pop("rows")
+        valid_size = min(VALID_SIZE, len(rows) // 5)
+        train, valid = rows[valid_size:][:TRAIN_SIZE], rows[:valid_size]
+        if spec["kind"] != "regression":
+            train, valid = interleave(train, random.Random(args.seed)), interleave(valid, random.Random(args.seed))
+        baseline = bow_baseline(train, valid, spec["kind"])
+        score = baseline[spec["metric"]]
+        print(f"{name}: {len(train)} train, {len(valid)} validation, bag-of-words {spec['metric']} {score:.4f}")
+        if score >= BASELINE_LIMIT:
+            raise SystemExit(f"{name}: the bag-of-words baseline scores {score:.4f} >= {BASELINE_LIMIT}: too easy")
+        (args.out / name).mkdir(parents=True, exist_ok=True)
+        write_jsonl_gz(args.out / name / "train.jsonl.gz", train)
+        write_jsonl_gz(args.out / name / "validation.jsonl.gz", valid)
+        labels = sorted({r["label"] for r in train}, key=str) if spec["kind"] != "regression" else None
+        manifest["tasks"][name] = {
+            **spec,
+            "label_column": "label",
+            "labels": labels,
+            "train_size": len(train),
+            "validation_size": len(valid),
+            "bow_baseline": baseline,
+        }
+    (args.out / "tasks.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""``python -m trainer evaluate-suite``: it runs end to end and reports every task; the task files hold
+what tasks.json and docs/quality.md say; bad keys are clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import importlib.util
+import json
+import math
+from types import ModuleType
+
+import pytest
+
+from common.config import ConfigError, load_config
+from trainer.commands.evaluate_suite import TASKS_DIR, SuiteConfig, evaluate_suite, main
+
+MANIFEST = json.loads((TASKS_DIR / "tasks.json").read_text(encoding="utf-8"))["tasks"]
+
+
+def make_tasks() -> ModuleType:
+    """benchmarks/quality/make_tasks.py, imported from its path (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_tasks", TASKS_DIR.parent / "make_tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(task: str, split: str) -> list[dict]:
+    with gzip.open(TASKS_DIR / task / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tokenizer_dir, tmp_path, capsys):
+    """Toy size (16 examples, one seed, one epoch) on the tiny teacher and the real MiniLM encoder, tracked
+    in a local SQLite store: one table with every task, the average and the share; the same in the JSON
+    and in one MLflow run per model."""
+    from mlflow import MlflowClient
+
+    output, store = tmp_path / "suite.json", f"sqlite:///{tmp_path}/mlflow.db"
+    argv = [str(bert_tokenizer_dir), str(tiny_teacher_dir), "train_size=16", "valid_size=8", "seeds=[0]"]
+    argv += ["epochs=1", "max_seq_len=32", f"output={output}", f"mlflow.tracking_uri={store}"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    header, _, first, second, baseline, *_ = table.splitlines()
+    assert all(task in header for task in MANIFEST) and "average" in header and "share" in header
+    assert first.startswith(str(bert_tokenizer_dir)) and first.rstrip().endswith("100.0%")
+    assert second.startswith(str(tiny_teacher_dir)) and baseline.startswith("bag-of-words baseline")
+
+    report = json.loads(output.read_text())
+    assert list(report["tasks"]) == list(MANIFEST)
+    assert [m["model"] for m in report["models"]] == [str(bert_tokenizer_dir), str(tiny_teacher_dir)]
+    for task, entry in report["tasks"].items():
+        assert (entry["train_size"], entry["validation_size"]) == (16, 8)
+        assert entry["bow_baseline"] == MANIFEST[task]["bow_baseline"][MANIFEST[task]["metric"]]
+    for model in report["models"]:
+        assert set(model["tasks"]) == set(MANIFEST)
+        assert all(
+            math.isfinite(t["mean"]) and t["spread"] == 0 and list(t["seeds"]) == ["0"] for t in model["tasks"].values()
+        )
+        means = [t["mean"] for t in model["tasks"].values()]
+        assert model["average"] == pytest.approx(sum(means) / len(means))
+    assert report["models"][0]["share"] == 1.0
+    assert report["models"][1]["share"] == pytest.approx(
+        report["models"][1]["average"] / report["models"][0]["average"]
+    )
+
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("evaluate-suite").experiment_id])
+    by_model = {run.data.tags["source_model"]: run for run in runs}
+    assert set(by_model) == {str(bert_tokenizer_dir), str(tiny_teacher_dir)}
+    for model in report["models"]:
+        metrics = by_model[model["model"]].data.metrics
+        assert metrics["average"] == pytest.approx(model["average"])
+        assert all(metrics[f"{task}/mean"] == pytest.approx(model["tasks"][task]["mean"]) for task in MANIFEST)
+
+
+def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path):
+    cfg = load_config(
+        SuiteConfig,
+        None,
+        [f"models=[{tiny_teacher_dir}]", "tasks=[wordnet-hypernym]", "train_size=16", "valid_size=16", "seeds=[0,1]"],
+    )
+    cfg = dataclasses.replace(cfg, epochs=1, max_seq_len=32, output=str(tmp_path / "s.json"))
+    cfg.mlflow.enabled = False
+    (model,) = evaluate_suite(cfg)["models"]
+    scores = model["tasks"]["wordnet-hypernym"]
+    assert list(model["tasks"]) == ["wordnet-hypernym"] and list(scores["seeds"]) == ["0", "1"]
+    assert scores["spread"] == pytest.approx(max(scores["seeds"].values()) - min(scores["seeds"].values()))
+
+
+def test_bad_keys_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="models: name at least one model"):
+        main(["mlflow.enabled=false"])
+    with pytest.raises(ConfigError, match=r"tasks: unknown tasks \['sst2'\]; available: debian-section"):
+        main([str(tmp_path), "tasks=[sst2]", "mlflow.enabled=false"])
+    with pytest.raises(ConfigError, match="seeds: repeats a seed"):
+        main([str(tmp_path), "seeds=[1,1]"])
+    with pytest.raises(ConfigError, match=r"tasks_dir: .* has no tasks.json"):
+        main([str(tmp_path), f"tasks_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"models: {tmp_path} is not a Hugging Face model directory"):
+        main([str(tmp_path), "mlflow.enabled=false"])
+
+
+@pytest.mark.parametrize("task", sorted(MANIFEST))
+def test_task_files_hold_what_the_manifest_says(task):
+    """Sizes as documented, every label present and of the task's kind, no text empty, no example in both
+    splits, and a bag-of-words baseline (recomputed here) below 0.90: the task is not trivial."""
+    spec = MANIFEST[task]
+    train, valid = rows(task, "train"), rows(task, "validation")
+    assert (len(train), len(valid)) == (spec["train_size"], spec["validation_size"])
+    assert spec["train_size"] >= 1000 and spec["validation_size"] >= 400
+    text_columns = [spec["text_column"]] + ([spec["text_pair_column"]] if spec["kind"] == "pair" else [])
+    for row in train + valid:
+        assert all(isinstance(row[c], str) and row[c].strip() for c in text_columns)
+        if spec["kind"] == "regression":
+            assert isinstance(row["label"], float) and math.isfinite(row["label"])
+        else:
+            assert row["label"] in spec["labels"]
+    if spec["kind"] != "regression":
+        assert {r["label"] for r in valid} == set(spec["labels"])
+    key = lambda r: tuple(r[c] for c in text_columns)  # noqa: E731
+    assert not {key(r) for r in train} & {key(r) for r in valid}
+
+    pytest.importorskip("sklearn")
+    assert make_tasks().bow_baseline(train, valid, spec["kind"]) == spec["bow_baseline"]
+    assert spec["bow_baseline"][spec["metric"]] < 0.90

@@ -1,0 +1,274 @@
+"""``python -m trainer evaluate-suite MODEL [MODEL ...] [CONFIG.yaml] [key=value ...]``.
+
+How much of the teacher a student keeps, in one table. Each MODEL (a local Hugging Face directory
+or ``models:/NAME@ALIAS``; the first is the reference, normally the teacher) is fine-tuned on each
+task of a fixed suite (``benchmarks/quality/tasks/``, built by ``benchmarks/quality/make_tasks.py``,
+described in docs/quality.md) with each seed, through :func:`trainer.commands.finetune.finetune`,
+the same code a downstream team runs. The table gives each task's score as mean ± spread over the
+seeds (the spread is max - min), the average of the task means, and each model's share of the
+first model's average; it also gives each task's bag-of-words baseline (stored with the tasks),
+so that a score can be read against what a linear model on word counts achieves.
+
+The suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300) examples of each
+task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
+is on, to MLflow: one run per model in experiment ``evaluate-suite`` with the task scores as
+metrics (``<task>/mean``, ``<task>/spread``, ``average``, ``share``) and the JSON as an artifact.
+The fine-tuning runs themselves are not tracked (their scores are in the suite's run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import logging
+import statistics
+import tempfile
+import time
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from common.atomic import write_text_atomically
+from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
+from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
+from trainer.config import MlflowConfig
+from trainer.tracking.tracker import RunSpec, open_tracker
+
+log = logging.getLogger(__name__)
+
+TASKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "tasks"
+KIND_TO_TASK = {"classification": "classification", "pair": "classification", "regression": "regression"}
+
+
+@dataclasses.dataclass
+class SuiteMlflowConfig(MlflowConfig):
+    experiment: str = "evaluate-suite"
+
+
+@dataclasses.dataclass
+class SuiteConfig:
+    models: list[str] = field(default_factory=list)  # the first is the reference (the teacher)
+    tasks: list[str] = field(default_factory=list)  # empty: every task in tasks_dir/tasks.json
+    tasks_dir: str = str(TASKS_DIR)
+    train_size: int = 500  # the first N training examples of each task (0: all)
+    valid_size: int = 300  # the first N validation examples of each task (0: all)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    epochs: int = 2
+    batch_size: int = 32
+    lr: float = 1e-4
+    max_seq_len: int = 128
+    output: str = "evaluate-suite.json"
+    work_dir: str | None = None  # fine-tuned models and task subsets; None: a temporary directory, removed
+    mlflow: SuiteMlflowConfig = field(default_factory=SuiteMlflowConfig)
+
+    def validate(self) -> None:
+        require(len(self.models) >= 1, "models", "name at least one model (the first is the reference)")
+        require(len(self.seeds) >= 1, "seeds", "needs at least one seed")
+        require(len(set(self.seeds)) == len(self.seeds), "seeds", f"repeats a seed: {self.seeds}")
+        for key in ("train_size", "valid_size"):
+            require(getattr(self, key) >= 0, key, "must be >= 0 (0: the whole split)")
+        for key in ("epochs", "batch_size", "max_seq_len"):
+            require(getattr(self, key) >= 1, key, "must be >= 1")
+        require(self.lr > 0, "lr", "must be > 0")
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip() + "\n\nEvery config key is listed in docs/config.md.")
+        return 0
+    if any(arg.startswith("-") for arg in argv):
+        raise ConfigError("arguments are MODEL [MODEL ...] [CONFIG.yaml] [key=value ...] (see --help)")
+    models = [arg for arg in argv if "=" not in arg and not arg.endswith((".yaml", ".yml"))]
+    configs = [arg for arg in argv if "=" not in arg and arg.endswith((".yaml", ".yml"))]
+    if len(configs) > 1:
+        raise ConfigError(f"at most one CONFIG.yaml, got {configs}")
+    overrides = [arg for arg in argv if "=" in arg]
+    if models:
+        overrides.append("models=" + json.dumps(models))
+    cfg = load_config(SuiteConfig, configs[0] if configs else None, overrides)
+    report = evaluate_suite(cfg)
+    print(format_table(report))
+    print(f"written to {cfg.output}")
+    return 0
+
+
+def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
+    """Fine-tune every model on every task with every seed; returns the report also written to ``cfg.output``."""
+    tasks = load_tasks(cfg)  # a bad task name or model directory fails before any fine-tuning
+    for model in cfg.models:
+        if ":/" not in model:
+            require((Path(model) / "config.json").is_file(), "models", f"{model} is not a Hugging Face model directory")
+    with tempfile.TemporaryDirectory(prefix="evaluate-suite.") as tmp:
+        work = Path(cfg.work_dir) if cfg.work_dir else Path(tmp)
+        data = {name: write_subsets(task, work / "data" / name, cfg) for name, task in tasks.items()}
+        results = []
+        for index, model in enumerate(cfg.models):
+            started, cpu_started = time.monotonic(), time.process_time()
+            local = local_model(cfg, model, work / f"model-{index}" / "base")
+            scores: dict[str, list[float]] = {name: [] for name in tasks}
+            for seed in cfg.seeds:  # seeds outermost: a run cut short has logged every task at the first seed
+                for name, task in tasks.items():
+                    out = work / f"model-{index}" / name / str(seed)
+                    scores[name].append(run_one(cfg, model, local, task, data[name], out, seed))
+            wall_s, cpu_s = time.monotonic() - started, time.process_time() - cpu_started
+            results.append({"model": model, "scores": scores, "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)})
+    report = summarise(cfg, tasks, results)
+    write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
+    for entry in report["models"]:
+        track(cfg, entry, report)
+    return report
+
+
+# -------------------------------------------------------------------------------------------------- tasks
+def load_tasks(cfg: SuiteConfig) -> dict[str, dict[str, Any]]:
+    """The chosen tasks' descriptions from ``tasks.json``, in the order asked (default: all, as listed)."""
+    manifest_path = Path(cfg.tasks_dir) / "tasks.json"
+    if not manifest_path.is_file():
+        raise ConfigError(f"tasks_dir: {cfg.tasks_dir} has no tasks.json (see benchmarks/quality/make_tasks.py)")
+    available = json.loads(manifest_path.read_text(encoding="utf-8"))["tasks"]
+    unknown = [name for name in cfg.tasks if name not in available]
+    require(not unknown, "tasks", f"unknown tasks {unknown}; available: {', '.join(available)}")
+    return {name: {**available[name], "name": name} for name in (cfg.tasks or available)}
+
+
+def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[str, Path]:
+    """The first ``train_size`` / ``valid_size`` rows of the task's splits (the files are shuffled
+    once, when built), as plain JSONL files for finetune."""
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, size in (("train", cfg.train_size), ("validation", cfg.valid_size)):
+        with gzip.open(Path(cfg.tasks_dir) / task["name"] / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        paths[split] = dest / f"{split}.jsonl"
+        paths[split].write_text("".join(lines[: size or None]), encoding="utf-8")
+    return paths
+
+
+def local_model(cfg: SuiteConfig, model: str, scratch: Path) -> str:
+    """A local directory as is; a registered model (``models:/...``) pulled once into ``scratch``
+    from the suite's tracking server, so that its runs do not pull it again."""
+    if ":/" not in model or Path(model).is_dir():
+        return model
+    from trainer.tracking.config import resolve_tracking_uri
+    from trainer.tracking.pull import pull
+
+    return str(pull(model, scratch, resolve_tracking_uri(cfg.mlflow)))
+
+
+# -------------------------------------------------------------------------------------------------- runs
+def run_one(
+    cfg: SuiteConfig, name: str, model: str, task: dict[str, Any], data: dict[str, Path], out: Path, seed: int
+) -> float:
+    """One fine-tuning run of ``model`` (the local directory of ``name``); its primary score (accuracy,
+    or Pearson's r for regression), also logged with the run's wall time."""
+    kind = KIND_TO_TASK[task["kind"]]
+    overrides = {
+        "model": model,
+        "data": str(data["train"]),
+        "validation": str(data["validation"]),
+        "output_dir": str(out),
+        "text_column": task["text_column"],
+        "text_pair_column": task.get("text_pair_column"),
+        "label_column": task["label_column"],
+        "task": kind,
+        "max_seq_len": cfg.max_seq_len,
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "log_every_steps": 50,
+        "seed": seed,
+        "mlflow": {"enabled": False},  # the suite records the scores, in one run per model
+    }
+    run_cfg = from_dict(FinetuneConfig, overrides)
+    started = time.monotonic()
+    score = float(finetune(run_cfg)[PRIMARY_METRIC[kind]])
+    seconds = time.monotonic() - started
+    log.info(
+        "evaluate-suite: %s | %s | seed %d | %s %.4f | %.0f s", name, task["name"], seed, task["metric"], score, seconds
+    )
+    return score
+
+
+# ------------------------------------------------------------------------------------------------ report
+def summarise(cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model and task: mean, spread (max - min) and the per-seed scores; per model: the average of
+    the task means and its share of the first model's average."""
+    models = []
+    for result in results:
+        per_task = {
+            name: {
+                "mean": statistics.fmean(scores),
+                "spread": max(scores) - min(scores),
+                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                "seeds": dict(zip(map(str, cfg.seeds), scores, strict=True)),
+            }
+            for name, scores in result["scores"].items()
+        }
+        average = statistics.fmean(entry["mean"] for entry in per_task.values())
+        timing = {key: result[key] for key in ("wall_s", "cpu_s")}  # cpu_s: this process's CPU time, all threads
+        models.append({"model": result["model"], "tasks": per_task, "average": average, **timing})
+    reference = models[0]["average"]
+    for entry in models:
+        entry["share"] = entry["average"] / reference if reference else float("nan")
+    return {
+        "tasks": {
+            name: {
+                "kind": task["kind"],
+                "metric": task["metric"],
+                "train_size": min(cfg.train_size or task["train_size"], task["train_size"]),
+                "validation_size": min(cfg.valid_size or task["validation_size"], task["validation_size"]),
+                "bow_baseline": task["bow_baseline"][task["metric"]],
+            }
+            for name, task in tasks.items()
+        },
+        "models": models,
+        "config": to_dict(cfg),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One row per model (and one for the bag-of-words baseline), one column per task, then the average
+    and the share of the first model's average."""
+    names = list(report["tasks"])
+    header = ["model", *(f"{n} ({report['tasks'][n]['metric']})" for n in names), "average", "share"]
+    rows = []
+    for entry in report["models"]:
+        cells = [f"{entry['tasks'][n]['mean']:.3f} ± {entry['tasks'][n]['spread']:.3f}" for n in names]
+        rows.append([entry["model"], *cells, f"{entry['average']:.3f}", f"{entry['share']:.1%}"])
+    baselines = [report["tasks"][n]["bow_baseline"] for n in names]
+    rows.append(
+        [
+            "bag-of-words baseline (all train)",
+            *(f"{b:.3f}" for b in baselines),
+            f"{statistics.fmean(baselines):.3f}",
+            "",
+        ]
+    )
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        " | ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    seeds = ", ".join(map(str, report["config"]["seeds"]))
+    walls = ", ".join(f"{entry['wall_s']:.0f} s" for entry in report["models"])
+    notes = [f"(mean ± spread (max - min) over seeds {seeds}; share: of the first model's average)"]
+    notes.append(f"(wall time per model, fine-tuning included: {walls})")
+    return "\n".join([*lines, *notes])
+
+
+def track(cfg: SuiteConfig, entry: dict[str, Any], report: dict[str, Any]) -> None:
+    """One MLflow run per model: the task means and spreads, the average and the share; the report as JSON."""
+    spec = RunSpec(
+        experiment=cfg.mlflow.experiment,
+        run_name=cfg.mlflow.run_name or Path(entry["model"]).name or entry["model"],
+        params={key: str(value) for key, value in flatten(to_dict(cfg)).items() if key != "models"},
+        tags={"source_model": entry["model"], "reference_model": cfg.models[0]},
+        texts={"evaluate-suite.json": json.dumps(report, indent=2)},
+    )
+    tracker = open_tracker(cfg.mlflow, spec)
+    metrics = {key: entry[key] for key in ("average", "share", "wall_s", "cpu_s")}
+    for name, scores in entry["tasks"].items():
+        metrics.update({f"{name}/mean": scores["mean"], f"{name}/spread": scores["spread"]})
+    tracker.log_metrics(metrics, 0)
+    tracker.finish({})
