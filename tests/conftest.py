@@ -6,6 +6,7 @@ The builders behind them live in ``tests/helpers.py`` (import them as ``from hel
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,10 +54,15 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
 
 @pytest.fixture(autouse=True)
 def isolate_mlflow_uris() -> Iterator[None]:
-    """``mlflow.set_tracking_uri``/``set_registry_uri`` write process-wide environment variables;
-    restore them after each test so one test's (stopped) server never leaks into the next."""
+    """``mlflow.set_tracking_uri``/``set_registry_uri`` write process-wide environment variables and
+    mlflow's own module globals; restore both after each test so one test's store (a stopped server,
+    another test's SQLite registry) never leaks into the next."""
     saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     yield
+    if "mlflow" in sys.modules:
+        mlflow = sys.modules["mlflow"]
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
