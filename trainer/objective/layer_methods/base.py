@@ -11,6 +11,7 @@ Layer indices are 0-based: student layer ``i`` is the papers' layer ``m = i + 1`
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -22,18 +23,19 @@ from common.config import require
 from trainer.objective.capture import Captured, CaptureSpec
 
 
-class LayerMethod(nn.Module):
+class LayerMethod(nn.Module, abc.ABC):
     """One method: built from its config section and the two models' configs, only when enabled.
 
     A subclass resolves its layer map and checks the config in ``__init__`` (raising a
     ``ConfigError`` that names the offending key), creates any learned projection there (so it is
-    trained and checkpointed with the student and never exported), and fills in the methods below.
+    trained and checkpointed with the student and never exported), and implements the abstract
+    methods below (a subclass that misses one cannot be instantiated).
     """
 
     @staticmethod
+    @abc.abstractmethod
     def term_weights(config: Any) -> dict[str, float]:
         """Every term of the method, by the name it is logged under, with its weight (0 = off)."""
-        raise NotImplementedError
 
     @classmethod
     def active_weights(cls, config: Any) -> dict[str, float]:
@@ -44,17 +46,17 @@ class LayerMethod(nn.Module):
         super().__init__()
         self.weights = self.active_weights(config)
 
+    @abc.abstractmethod
     def capture_specs(self) -> tuple[CaptureSpec, CaptureSpec]:
         """(student, teacher): just the layers and tensors the active terms read."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def layer_map(self) -> Any:
         """The resolved (student layer, teacher layer) pairs as ``plan`` reports them; None: no map."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def forward(self, student: Captured, teacher: Captured, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The unweighted active terms (float32 scalars), in ``term_weights`` order."""
-        raise NotImplementedError
 
 
 def pair_specs(
