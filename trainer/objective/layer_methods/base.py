@@ -39,7 +39,7 @@ class LayerMethod(nn.Module, abc.ABC):
 
     @classmethod
     def active_weights(cls, config: Any) -> dict[str, float]:
-        """The terms to compute: those with a positive weight. None means the method is off."""
+        """The terms to compute: those with a positive weight (an empty dict: the method is off)."""
         return {term: weight for term, weight in cls.term_weights(config).items() if weight > 0}
 
     def __init__(self, config: Any) -> None:
