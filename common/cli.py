@@ -10,6 +10,9 @@ from typing import NoReturn
 from common.config import ConfigError
 from common.fast_exit import skip_final_collection
 
+# One format for every line our processes log, the Beam workers' included (preprocessing/quiet.py).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 def split_config_args(args: list[str], usage: str | None = None) -> tuple[str | None, list[str]]:
     """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides).
@@ -28,7 +31,7 @@ def split_config_args(args: list[str], usage: str | None = None) -> tuple[str | 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
     """Run ``main``; a ConfigError (or other user error) becomes one line on stderr, exit 2."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         return int(main(sys.argv[1:] if argv is None else argv) or 0)
     except (ConfigError, FileNotFoundError, PermissionError) as err:

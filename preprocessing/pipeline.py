@@ -68,6 +68,7 @@ from preprocessing.packing import (
     token_frequencies,
 )
 from preprocessing.preflight import RunPlan, preflight
+from preprocessing.quiet import show_progress_on_worker
 from preprocessing.readers import ReadOptions, read_documents
 from preprocessing.shards import npy_bytes, write_atomic, write_shard
 
@@ -96,10 +97,12 @@ class WorkerDoFn(beam.DoFn):
     """Base of this pipeline's steps: the worker processes running them exit without the last
     garbage collection (:mod:`common.fast_exit`), which would only free memory the operating
     system reclaims anyway. The DirectRunner stops its workers one after the other, so each
-    worker's final collection would add to the end of every run."""
+    worker's final collection would add to the end of every run. They also print this package's
+    progress lines themselves (:func:`show_progress_on_worker`)."""
 
     def setup(self) -> None:
         skip_final_collection()
+        show_progress_on_worker()
 
 
 class ReadAndClean(WorkerDoFn):

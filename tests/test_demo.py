@@ -63,8 +63,9 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     # Quiet: no line from the sources silenced at their origin (issue 19) ...
     output = proc.stdout + proc.stderr
     silenced = [
-        r"WARNING root: apitools not found",  # the driver's (worker processes print theirs before our code runs)
-        r"local_job_service: Worker: .*No semi_persistent_directory",
+        r"apitools not found",  # the driver's and every Beam worker's
+        r"No semi_persistent_directory",
+        r"Logging handler created",  # a Beam worker's start-up line
         r"Discarding unparseable args",
         r"^INFO:preprocessing:bucket \d+:",
         r"^INFO:preprocessing:shard ",
@@ -78,7 +79,7 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     summaries = [
         r"preprocessing 1 file\(s\), 0\.9 MB on disk",
         r"read \S+corpus\.jsonl\.gz: \d+ documents \(0 dropped\), 3\.1 MB of text from 0\.9 MB on disk",
-        r"tokenized train: [\d,]+ text tokens",
+        r"^\S+ \S+ INFO preprocessing: tokenized train: [\d,]+ text tokens",  # a worker's line, our format
         r"^text MB \(decompressed\) / seconds / MB/s +3\.1 / ",
         r"distilling \S+ on 2 rank\(s\)",
         r"^step 4/4 \| loss .* \| elapsed \w+ \| eta 0s$",
