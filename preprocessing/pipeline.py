@@ -74,6 +74,7 @@ from preprocessing.shards import npy_bytes, write_atomic, write_shard
 
 log = logging.getLogger("preprocessing")
 COUNTS = "counts"
+PROGRESS_SECONDS = 30.0  # between a long file's progress lines: a line per interval suits cluster logs
 _LENGTH = struct.Struct("<I")
 
 
@@ -105,6 +106,29 @@ class WorkerDoFn(beam.DoFn):
         show_progress_on_worker()
 
 
+class FileProgress:
+    """While one file is read, a line every ``interval`` seconds: how far into the file (on disk) the
+    reader is, so a multi-GB file shows its progress long before its summary line."""
+
+    def __init__(self, path: str, on_disk: int, counts: Counter, interval: float = PROGRESS_SECONDS):
+        self.path, self.on_disk, self.counts, self.interval = path, on_disk, counts, interval
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, position: int) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        log.info(
+            "reading %s: %.0f%% of its %.1f MB on disk, %d documents so far (%.1f MB/s of text)",
+            self.path,
+            100 * position / max(self.on_disk, 1),
+            self.on_disk / 1e6,
+            self.counts["documents.read"],
+            self.counts["input_bytes"] / 1e6 / max(now - self.started, 1e-9),
+        )
+
+
 class ReadAndClean(WorkerDoFn):
     """Stage 1: an input file -> ``(bucket, (spill path, start byte, stop byte))`` references
     (+ counters on the ``counts`` tag).
@@ -123,7 +147,9 @@ class ReadAndClean(WorkerDoFn):
         counts: Counter = Counter()
         buckets: dict[int, list[bytes]] = {}
         size = 0
-        for raw in read_documents(path, self.read_options, counts):
+        on_disk = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        progress = FileProgress(path, on_disk, counts)
+        for raw in read_documents(path, self.read_options, counts, progress):
             text, removed = clean_text(raw)
             if removed:
                 counts["documents.cleaned.control_chars"] += 1
@@ -142,7 +168,6 @@ class ReadAndClean(WorkerDoFn):
                     buckets, size = {}, 0
         yield from self._spill(buckets)
         seconds = time.monotonic() - started
-        on_disk = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
         log.info(
             "read %s: %d documents (%d dropped), %.1f MB of text from %.1f MB on disk (%.0f%% of the input) "
             "in %.1fs (%.1f MB/s of text)",

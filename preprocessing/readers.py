@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -65,8 +65,14 @@ def detect_format(path: str) -> tuple[str, str | None]:
     return fmt, compression
 
 
-def read_documents(path: str, opts: ReadOptions, counts: Counter) -> Iterator[str]:
-    """Yield the raw text of every readable document in ``path``; count everything else."""
+def read_documents(
+    path: str, opts: ReadOptions, counts: Counter, on_chunk: Callable[[int], None] | None = None
+) -> Iterator[str]:
+    """Yield the raw text of every readable document in ``path``; count everything else.
+
+    ``on_chunk`` is told, after each chunk of a text file, how many bytes of the file on disk
+    (compressed, for a compressed file) have been read: the reader's progress through it.
+    """
     fmt, compression = detect_format(path)
     counts["files.read"] += 1
     with (
@@ -76,7 +82,7 @@ def read_documents(path: str, opts: ReadOptions, counts: Counter) -> Iterator[st
         if fmt == "parquet":
             yield from _read_parquet(stream, compression, opts, counts)
             return
-        chunks = _chunks(stream, counts)
+        chunks = _chunks(stream, counts, lambda: on_chunk(raw.tell()) if on_chunk else None)
         try:
             first = next(chunks, b"")
             if not first:
@@ -207,13 +213,14 @@ def decode_utf8(data: bytes, opts: ReadOptions, counts: Counter) -> str | None:
         return None
 
 
-def _chunks(stream: IO[bytes], counts: Counter) -> Iterator[bytes]:
+def _chunks(stream: IO[bytes], counts: Counter, after_each: Callable[[], None]) -> Iterator[bytes]:
     """Decoded chunks; ``read1`` returns each decompression step's output, so data before a
     truncation point is delivered before the stream raises."""
     read = getattr(stream, "read1", stream.read)
     while chunk := read(CHUNK_BYTES):
         counts["input_bytes"] += len(chunk)
         yield chunk
+        after_each()
 
 
 def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

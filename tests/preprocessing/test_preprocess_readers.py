@@ -4,6 +4,7 @@ import bz2
 import gzip
 import json
 import random
+import re
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -162,3 +163,25 @@ def test_long_single_line_in_a_file_is_dropped_and_reading_goes_on(tmp_path):
     docs, counts = read(path, max_doc_chars=1000)
     assert docs == ["before", "after this"]
     assert counts["documents.dropped.too_long"] == 1 and counts["documents.read"] == 3
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_long_file_reports_its_progress_on_disk_while_it_is_read(tmp_path, suffix, caplog):
+    """The progress line of a multi-GB file, at interval 0: one per chunk, rising to the file's end."""
+    from preprocessing.pipeline import FileProgress
+
+    rng = random.Random(0)
+    docs = [" ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(200)) for _ in range(3000)]
+    path = tmp_path / f"long.jsonl{suffix}"
+    path.write_bytes(COMPRESS[suffix](jsonl_bytes(docs)))  # ~3.6 MB decompressed: several 1 MB chunks
+    counts: Counter = Counter()
+    with caplog.at_level("INFO", logger="preprocessing"):
+        read_back = list(
+            read_documents(
+                str(path), ReadOptions(), counts, FileProgress(str(path), path.stat().st_size, counts, interval=0)
+            )
+        )
+    assert read_back == docs
+    percents = [int(m) for m in re.findall(r"reading \S+long\.jsonl\S*: (\d+)% of its [\d.]+ MB on disk", caplog.text)]
+    assert len(percents) >= 3 and percents == sorted(percents) and percents[-1] == 100
+    assert re.search(r"\d+ documents so far \([\d.]+ MB/s of text\)", caplog.text)
