@@ -16,6 +16,7 @@ the test skips and says which is missing.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import socket
@@ -44,9 +45,17 @@ CPU_JOB = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-
 SETTINGS = ["checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=5", "logging.every_steps=1"]
 
 
+# The daemons live in /usr/sbin, which not every user's PATH holds.
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def binary(name: str) -> str | None:
+    return shutil.which(name, path=SEARCH_PATH)
+
+
 def missing_requirement() -> str | None:
     """Why Slurm cannot be started here, or None."""
-    missing = [name for name in DAEMONS + CLIENTS if shutil.which(name) is None]
+    missing = [name for name in DAEMONS + CLIENTS if binary(name) is None]
     if missing:
         return f"Slurm is not installed (no {', '.join(missing)}): `make setup` as root installs slurm-wlm and munge"
     if os.geteuid() != 0:
@@ -62,7 +71,12 @@ def free_port() -> int:
 
 def slurm_conf(root: Path, node: str, cpus: int) -> str:
     """One controller and one node on 127.0.0.1, without cgroups (proctrack/linuxproc, task/none,
-    which need nothing from the host) or accounting; every path inside ``root``."""
+    which need nothing from the host) or accounting; every path inside ``root``.
+
+    Job ids start at a random number: the script derives its rendezvous port from the job id, and
+    two of these clusters on one machine (two test sessions) must not both number their first job 1.
+    """
+    first_job_id = random.randrange(1, 20000)
     return f"""\
 ClusterName=encoder-distill-test
 SlurmctldHost={node}(127.0.0.1)
@@ -90,6 +104,7 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 MinJobAge=600
+FirstJobId={first_job_id}
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
@@ -161,11 +176,11 @@ def slurm() -> Iterator[SlurmCluster]:
 
     munge = [f"--socket={root}/munge/munge.socket", f"--key-file={key}", f"--log-file={root}/log/munged.log"]
     munge += [f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/munged.seed"]
-    daemons = [start_daemon(["munged", "--foreground", *munge], root, "munged")]
+    daemons = [start_daemon([binary("munged"), "--foreground", *munge], root, "munged")]
     try:
         wait_for(lambda: (root / "munge" / "munge.socket").exists(), "munged's socket", cluster, daemons)
-        daemons.append(start_daemon(["slurmctld", "-D", "-f", str(conf)], root, "slurmctld"))
-        daemons.append(start_daemon(["slurmd", "-D", "-f", str(conf), "-N", node], root, "slurmd"))
+        daemons.append(start_daemon([binary("slurmctld"), "-D", "-f", str(conf)], root, "slurmctld"))
+        daemons.append(start_daemon([binary("slurmd"), "-D", "-f", str(conf), "-N", node], root, "slurmd"))
         wait_for(lambda: node_state(cluster, node) == "IDLE", f"node {node} to be IDLE", cluster, daemons)
         yield cluster
     finally:
