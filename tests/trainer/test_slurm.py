@@ -33,8 +33,6 @@ import torch
 from safetensors.torch import load_file
 from test_launcher import check_student, latest_step, records
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "scancel")
@@ -110,6 +108,10 @@ PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
 
 
+UNAVAILABLE = missing_requirement()
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
+
+
 @dataclass
 class SlurmCluster:
     root: Path
@@ -152,9 +154,6 @@ def start_daemon(cmd: list[str], root: Path, name: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
-    reason = missing_requirement()
-    if reason:
-        pytest.skip(reason)
     # Not under pytest's temporary directory: munged serves its socket only from a directory that
     # everyone may traverse, and pytest's is private to its user.
     root = Path(tempfile.mkdtemp(prefix="encoder-distill-slurm-"))
@@ -229,7 +228,8 @@ def submit(slurm: SlurmCluster, teacher: Path, data: Path, output_dir: Path, max
     job = slurm.sbatch(*args)
     fields = slurm.wait(job)
     log = Path(str(output).replace("%j", job)).read_text()
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), f"job {job}: {fields}\n{log[-6000:]}"
+    state = (fields["JobState"], fields["ExitCode"])
+    assert state == ("COMPLETED", "0:0"), f"job {job}: {state}, reason {fields['Reason']}\n{log[-6000:]}"
     return job, log
 
 
