@@ -39,7 +39,10 @@ CLIENTS = ("sbatch", "srun", "scontrol", "scancel")
 JOB_TIMEOUT = 300
 UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 # The user's command with the CPU test settings: sbatch options override the script's GPU defaults.
-CPU_JOB = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--time=10"]
+CPU_JOB = ["--cpus-per-task=1", "--gpus-per-node=0", "--time=10"]
+ONE_NODE = ["--nodes=1", "--ntasks-per-node=2"]
+TWO_NODES = ["--nodes=2", "--ntasks-per-node=1"]
+NODES = ("node1", "node2")
 SETTINGS = ["checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=5", "logging.every_steps=1"]
 
 
@@ -67,17 +70,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def slurm_conf(root: Path, node: str, cpus: int) -> str:
-    """One controller and one node on 127.0.0.1, without cgroups (proctrack/linuxproc, task/none,
-    which need nothing from the host) or accounting; every path inside ``root``.
+def slurm_conf(root: Path, host: str) -> str:
+    """A controller and two nodes of 2 CPUs (``NODES``, one slurmd each, sharing this machine's cores,
+    one job at a time) on 127.0.0.1, without cgroups (proctrack/linuxproc, task/none, which need
+    nothing from the host) or accounting; every path inside ``root``. The node names resolve to no
+    address, as on a cluster whose nodes are reached by the address in ``NodeAddr``.
 
     Job ids start at a random number: the script derives its rendezvous port from the job id, and
     two of these clusters on one machine (two test sessions) must not both number their first job 1.
     """
     first_job_id = random.randrange(1, 20000)
+    nodes = "".join(f"NodeName={node} NodeAddr=127.0.0.1 Port={free_port()} CPUs=2\n" for node in NODES)
     return f"""\
 ClusterName=encoder-distill-test
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
@@ -86,11 +92,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -103,8 +109,7 @@ MailProg=/bin/true
 ReturnToService=2
 MinJobAge=600
 FirstJobId={first_job_id}
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=test Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -158,16 +163,15 @@ def slurm() -> Iterator[SlurmCluster]:
     # everyone may traverse, and pytest's is private to its user.
     root = Path(tempfile.mkdtemp(prefix="encoder-distill-slurm-"))
     root.chmod(0o755)
-    for sub in ("munge", "state", "spool", "log"):
+    for sub in ("munge", "state", "log"):
         (root / sub).mkdir()
     (root / "munge").chmod(0o755)
     (root / "key").mkdir(mode=0o700)
     key = root / "key" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, node, cpus=2))
+    conf.write_text(slurm_conf(root, host=socket.gethostname().split(".")[0]))  # slurmctld checks its own name
     # The submitting shell's environment, which sbatch passes on to every task: the cluster's
     # config, the project's python, CPU ranks.
     env = {**os.environ, "SLURM_CONF": str(conf), "PYTHON": sys.executable, "DS_ACCELERATOR": "cpu"}
@@ -179,8 +183,11 @@ def slurm() -> Iterator[SlurmCluster]:
     try:
         wait_for(lambda: (root / "munge" / "munge.socket").exists(), "munged's socket", cluster, daemons)
         daemons.append(start_daemon([binary("slurmctld"), "-D", "-f", str(conf)], root, "slurmctld"))
-        daemons.append(start_daemon([binary("slurmd"), "-D", "-f", str(conf), "-N", node], root, "slurmd"))
-        wait_for(lambda: node_state(cluster, node) == "IDLE", f"node {node} to be IDLE", cluster, daemons)
+        for node in NODES:
+            (root / "spool" / node).mkdir(parents=True)
+            daemons.append(start_daemon([binary("slurmd"), "-D", "-f", str(conf), "-N", node], root, f"slurmd-{node}"))
+        for node in NODES:
+            wait_for(lambda node=node: node_state(cluster, node) == "IDLE", f"node {node} to be IDLE", cluster, daemons)
         yield cluster
     finally:
         stop(cluster, daemons)
@@ -219,11 +226,13 @@ def stop(cluster: SlurmCluster, daemons: list[subprocess.Popen]) -> None:
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-def submit(slurm: SlurmCluster, teacher: Path, data: Path, output_dir: Path, max_steps: int) -> tuple[str, str]:
-    """``sbatch [CPU_JOB] launch/slurm.sbatch configs/tiny-cpu.yaml ...``; waits for the job and
-    returns its id and output."""
+def submit(
+    slurm: SlurmCluster, layout: list[str], teacher: Path, data: Path, output_dir: Path, max_steps: int
+) -> tuple[str, str]:
+    """``sbatch [CPU_JOB + layout] launch/slurm.sbatch configs/tiny-cpu.yaml ...``; waits for the job to
+    complete and returns its id and output."""
     output = output_dir.parent / "slurm-%j.out"
-    args = [*CPU_JOB, f"--output={output}", "launch/slurm.sbatch", "configs/tiny-cpu.yaml"]
+    args = [*CPU_JOB, *layout, f"--output={output}", "launch/slurm.sbatch", "configs/tiny-cpu.yaml"]
     args += [f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}", f"max_steps={max_steps}", *SETTINGS]
     job = slurm.sbatch(*args)
     fields = slurm.wait(job)
@@ -233,23 +242,29 @@ def submit(slurm: SlurmCluster, teacher: Path, data: Path, output_dir: Path, max
     return job, log
 
 
-def test_sbatch_trains_exports_and_resumes_when_resubmitted(
+def rendezvous(job: str) -> str:
+    """The job's line naming where its ranks meet: node1's NodeAddr, on the port derived from the job id."""
+    return f"rendezvous at 127.0.0.1:{10000 + int(job) % 20000} (node node1)"
+
+
+def test_sbatch_trains_exports_and_resumes_when_resubmitted_on_two_nodes(
     slurm: SlurmCluster, tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:
     out = tmp_path / "run"
-    job, log = submit(slurm, tiny_teacher_dir, tiny_dataset_dir, out, max_steps=6)
-    # srun started two ranks that formed one process group on the port derived from the job id.
-    assert "2 task(s) on 1 node(s)" in log and f"rendezvous at {socket.gethostname().split('.')[0]}:" in log
-    assert f":{10000 + int(job) % 20000}" in log
+    job, log = submit(slurm, ONE_NODE, tiny_teacher_dir, tiny_dataset_dir, out, max_steps=6)
+    # srun started two ranks on one node, which formed one process group.
+    assert f"2 task(s) on 1 node(s) (node1), {rendezvous(job)}" in log
     assert "on 2 rank(s)" in log
     assert [r["step"] for r in records(out) if "train/loss" in r] == list(range(1, 7))
     assert latest_step(out) == 6
     check_student(out / "student")
     first_export = load_file(out / "student" / "model.safetensors")
 
-    # The same command with a larger max_steps continues from the checkpoint of step 6.
-    _, log = submit(slurm, tiny_teacher_dir, tiny_dataset_dir, out, max_steps=10)
-    assert "resumed from step 6" in log
+    # The same command with a larger max_steps, on two nodes of one task each (the same world of two
+    # ranks, so the same data layout), continues from the checkpoint of step 6.
+    job, log = submit(slurm, TWO_NODES, tiny_teacher_dir, tiny_dataset_dir, out, max_steps=10)
+    assert f"2 task(s) on 2 node(s) (node[1-2]), {rendezvous(job)}" in log
+    assert "resumed from step 6" in log and "data layout changed" not in log
     train = [r for r in records(out) if "train/loss" in r]
     assert [r["step"] for r in train] == list(range(1, 11))
     assert train[-1]["train/samples"] == 10 * 8
