@@ -1,11 +1,12 @@
 """``sbatch launch/slurm.sbatch`` on a real Slurm cluster of one machine, started by the test.
 
 The fixture starts Debian's daemons (``munge``, ``slurm-wlm``) as a user's cluster runs them: munged
-with a key generated for the test, slurmctld (the controller) and slurmd (this machine as a node of
-2 CPUs), all from one generated ``slurm.conf`` in a temporary directory, on ports the system picks.
-The job is the user's command with CPU settings: one node, two tasks (ranks over gloo), no GPU.
-It must train, export a student, and continue from its checkpoint when submitted again with a
-larger ``max_steps`` - the resubmission a user makes when a job ends at its time limit.
+with a key generated for the test, slurmctld (the controller) and two slurmd (two nodes of 2 CPUs,
+both this machine), all from one generated ``slurm.conf`` in a temporary directory, on ports the
+system picks. The job is the user's command with CPU settings: one node, two tasks (ranks over
+gloo), no GPU. It must train, export a student, and continue from its checkpoint when submitted
+again with a larger ``max_steps`` - the resubmission a user makes when a job ends at its time
+limit - here on two nodes of one task each, through the multi-node path of the script.
 
 No accounting daemon runs: a job is followed with ``scontrol show job`` while the controller
 remembers it (``MinJobAge``). The daemons need root (slurmd starts job steps as the submitting
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,7 +200,9 @@ def node_state(cluster: SlurmCluster, node: str) -> str | None:
     return found.group(1) if found else None
 
 
-def wait_for(ready, what: str, cluster: SlurmCluster, daemons: list[subprocess.Popen], timeout: float = 60) -> None:
+def wait_for(
+    ready: Callable[[], bool], what: str, cluster: SlurmCluster, daemons: list[subprocess.Popen], timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         dead = [p.args[0] for p in daemons if p.poll() is not None]
@@ -212,18 +215,20 @@ def wait_for(ready, what: str, cluster: SlurmCluster, daemons: list[subprocess.P
 def stop(cluster: SlurmCluster, daemons: list[subprocess.Popen]) -> None:
     """Cancel what is left of the jobs (their tasks belong to slurmstepd, not to slurmd), then stop
     the daemons, newest first, and remove the cluster's directory."""
-    if cluster.jobs and daemons[-1].poll() is None:
-        subprocess.run(["scancel", *cluster.jobs], env=cluster.env, capture_output=True)
-        for job in cluster.jobs:
-            cluster.wait(job)
-    for proc in reversed(daemons):
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    shutil.rmtree(cluster.root, ignore_errors=True)
+    try:
+        if cluster.jobs and all(proc.poll() is None for proc in daemons):
+            subprocess.run(["scancel", *cluster.jobs], env=cluster.env, capture_output=True)
+            for job in cluster.jobs:
+                cluster.wait(job)
+    finally:
+        for proc in reversed(daemons):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 def submit(
