@@ -138,9 +138,10 @@ class SlurmCluster:
             fields = dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "--oneliner", "show", "job", job).stdout))
             if fields["JobState"] not in UNFINISHED:
                 return fields
-            assert time.monotonic() < deadline, f"job {job} still {fields['JobState']} ({fields['Reason']})\n" + (
-                self.logs()
-            )
+            if time.monotonic() > deadline:
+                output = Path(fields["StdOut"])
+                tail = output.read_text()[-6000:] if output.is_file() else "(no output)"
+                pytest.fail(f"job {job} still {fields['JobState']} ({fields['Reason']}) after {JOB_TIMEOUT} s:\n{tail}")
             time.sleep(1)
 
     def run(self, *cmd: str) -> subprocess.CompletedProcess:
