@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm test lint demo clean
+.PHONY: setup slurm-packages test lint demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +15,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed slurm
+setup: $(VENV)/.installed slurm-packages
 
 # tests/trainer/test_slurm.py starts a real Slurm cluster from Debian's slurm-wlm and munge. A root
 # shell with apt-get (the CI machine) installs them when missing; elsewhere that test skips and
 # says why.
-slurm:
+slurm-packages:
 	@PATH="$$PATH:/usr/sbin:/sbin"; if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "installing slurm-wlm and munge (apt-get) for the Slurm test"; \
