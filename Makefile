@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint demo clean
+.PHONY: setup slurm-packages test lint demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed slurm-packages
+
+# tests/trainer/test_slurm.py starts a real Slurm cluster from Debian's slurm-wlm and munge. A root
+# shell with apt-get (the CI machine) installs them when missing; elsewhere that test skips and
+# says why.
+slurm-packages:
+	@PATH="$$PATH:/usr/sbin:/sbin"; if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing slurm-wlm and munge (apt-get) for the Slurm test"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; \
+		else \
+			echo "slurm-wlm and munge are not installed (installing them needs root and apt-get): the Slurm test will skip"; \
+		fi; \
+	fi
 
 test: setup
 	$(VENV)/bin/ruff check .
