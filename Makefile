@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed slurm-packages
+setup: $(VENV)/.installed
 
 # tests/trainer/test_slurm.py starts a real Slurm cluster from Debian's slurm-wlm and munge. A root
 # shell with apt-get (the CI machine) installs them when missing; elsewhere that test skips and
@@ -31,7 +31,7 @@ slurm-packages:
 		fi; \
 	fi
 
-test: setup
+test: setup slurm-packages
 	$(VENV)/bin/ruff check .
 	DS_ACCELERATOR=cpu $(PY) -m pytest -q
 
