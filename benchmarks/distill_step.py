@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.naive_step import NaiveStep
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
@@ -52,8 +53,6 @@ from trainer.modeling import (
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
-
-from benchmarks.naive_step import NaiveStep
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
 GPU_PEAK_BF16 = {
@@ -137,8 +136,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     dtype = training_dtype(cfg.deepspeed.precision)
     # The same batches for both steps: made on the host from the seed, copied to the device for ours.
     host_batches = [
-        synthetic_batch(tokenizer, cfg.micro_batch_size, args.seq_len, seeded_generator(cfg.seed, i))
-        for i in range(4)
+        synthetic_batch(tokenizer, cfg.micro_batch_size, args.seq_len, seeded_generator(cfg.seed, i)) for i in range(4)
     ]
     if args.step == "naive":
         naive = NaiveStep(cfg, teacher, student, tokenizer, device)
