@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive] [--no-fused-adamw] [--json]
+        [--step project|naive] [--no-fused-adamw] [--compile] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -149,6 +149,9 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
 
     else:
         distiller = Distiller(student, teacher.to(device), cfg.objective).to(device).train()
+        if args.compile:  # in place (nn.Module.compile): the modules keep their class, config and hooks
+            student.compile()
+            teacher.compile()
         # As in training: frequency-smoothed masking (the DistilBERT preset) reads the dataset's token counts.
         counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
         masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)
@@ -199,6 +202,8 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
         "step": args.step,
+        "fused_adamw": args.step == "project" and args.fused_adamw and device.type == "cuda",
+        "compiled": args.compile,
         "precision": cfg.deepspeed.precision,
         "teacher": cfg.teacher,
         "student_layers": student.config.num_hidden_layers,
@@ -235,6 +240,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--fused-adamw", action=argparse.BooleanOptionalAction, default=True, help="fused AdamW on CUDA (project step)"
     )
+    parser.add_argument("--compile", action="store_true", help="torch.compile student and teacher (project step)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.seq_len < 2:

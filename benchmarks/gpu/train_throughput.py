@@ -15,7 +15,8 @@ after the first (which holds start-up and warm-up):
   loader (``train/data_wait_share``).
 
 Then ``benchmarks/distill_step.py`` times this project's bare step and the naive reference step
-(``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off: the ratio is
+(``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
+``torch.compile`` of student and teacher: the ratio is
 the speed-up over the usual way. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
 
@@ -173,7 +174,7 @@ def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float
 
 
 def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[dict[str, Any]]:
-    """benchmarks/distill_step.py: this project's bare step (fused AdamW on, then off) and the naive step."""
+    """benchmarks/distill_step.py: this project's bare step (fused AdamW on, off; compiled) and the naive step."""
     micro, seq, steps = (2, 128, 2) if quick else (32, 512, 10)
     base = [sys.executable, "benchmarks/distill_step.py", "configs/distilbert-base.yaml", f"teacher={teacher_config}"]
     base += [f"data={data}", f"micro_batch_size={micro}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
@@ -181,7 +182,9 @@ def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bo
     if quick:
         base += ["student.teacher_layers=null"]
     results = []
-    for extra in (["--step=project"], ["--step=project", "--no-fused-adamw"], ["--step=naive"]):
+    variants = [["--step=project"], ["--step=project", "--no-fused-adamw"], ["--step=naive"]]
+    variants += [["--step=project", "--compile"]]  # last: its compile time is the least predictable
+    for extra in variants:
         proc = subprocess.run([*base, *extra], cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
         if proc.returncode != 0:
             results.append({"args": extra, "error": proc.stderr[-2000:]})
