@@ -1,6 +1,6 @@
 """End-to-end training throughput through the real engine and loader, and the naive step side by side.
 
-    python benchmarks/gpu/train_throughput.py OUTDIR [--data .gpu] [--quick] [--only NAME,...]
+    python benchmarks/gpu/train_throughput.py OUTDIR [--parts cases,steps] [--only CASE,...] [--data .gpu] [--quick]
 
 Each case is a real run, ``python launch/run.sh PRESET ...`` (the DeepSpeed engine, the WebDataset
 loader over real shards made by the preprocessing pipeline, masking, the Distiller, checkpointing and
@@ -227,7 +227,8 @@ def main() -> int:
     parser.add_argument("--teacher-config", type=Path, default=REPO / "configs" / "teachers" / "bert-base-uncased")
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoder-distill-throughput"))
     parser.add_argument("--quick", action="store_true", help="the CPU dry run")
-    parser.add_argument("--only", default=None, help="comma-separated case names (and/or 'steps')")
+    parser.add_argument("--parts", default="cases,steps", help="cases (training runs), steps (bare step comparison)")
+    parser.add_argument("--only", default=None, help="comma-separated case names (default: all)")
     args = parser.parse_args()
     import torch
 
@@ -245,13 +246,14 @@ def main() -> int:
     versions = f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}"
     report: dict[str, Any] = {"device": device, "versions": versions, "peak_flops": peak, "cases": [], "steps": []}
     only = None if args.only is None else set(args.only.split(","))
+    parts = set(args.parts.split(","))
 
     def save() -> None:
         write_text_atomically(args.outdir / "throughput.json", json.dumps(report, indent=2) + "\n")
         write_text_atomically(args.outdir / "throughput.md", markdown(report))
 
     for case in quick_cases() if args.quick else full_cases():
-        if only is not None and case.name not in only:
+        if "cases" not in parts or (only is not None and case.name not in only):
             continue
         result = run_case(case, teacher, args.data, args.work, peak)
         report["cases"].append(result)
@@ -259,7 +261,7 @@ def main() -> int:
         print(json.dumps({k: v for k, v in result.items() if k != "error"}), flush=True)
         if "error" in result:
             print(result["error"], file=sys.stderr, flush=True)
-    if only is None or "steps" in only:
+    if "steps" in parts:
         data = args.data / ("data-128" if args.quick else "data-512")
         teacher_config = teacher if args.quick else args.teacher_config
         report["steps"] = step_comparison(teacher_config, tokenizer, data, args.quick)

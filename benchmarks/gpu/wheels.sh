@@ -41,7 +41,7 @@ echo "downloading: ${specs[*]}"
 # deepspeed from its sdist, without ops (pure Python); setup.py imports torch, so no build isolation.
 ds="deepspeed==$(version deepspeed)"
 echo "building: $ds (DS_BUILD_OPS=0)"
-DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-binary deepspeed -w "$DEST.tmp" "$ds"
+DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-cache-dir --no-deps --no-build-isolation --no-binary deepspeed -w "$DEST.tmp" "$ds"
 
 rm -rf "$DEST" && mv "$DEST.tmp" "$DEST"
 ls -l "$DEST" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'

@@ -96,6 +96,8 @@ def check_finished_run(output_dir: Path) -> None:
     assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-3 / 19)
     assert all(a > b for a, b in itertools.pairwise(lrs[1:]))
     assert all(r["train/tokens_per_s"] > 0 and r["train/grad_norm"] > 0 for r in train)
+    assert all(0 <= r["train/data_wait_share"] < 1 for r in train)
+    assert not any("train/max_memory_gib" in r for r in train)  # CUDA only
     evals = [r for r in records(output_dir) if "eval/student_mlm_loss" in r]
     assert [r["step"] for r in evals] == [10, 20]
     assert "eval/teacher_mlm_loss" in evals[0] and "eval/top1_agreement" in evals[1]
