@@ -129,14 +129,6 @@ def test_fp16_overflowing_steps_are_skipped_not_fatal(
     assert (out / "student" / "model.safetensors").is_file()
 
 
-def test_zero2_with_cpu_offload_trains(tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> None:
-    """ZeRO-Offload: the optimizer state and step on the CPU (DeepSpeed's CPU Adam, compiled on first use)."""
-    out = run(
-        tiny_teacher_dir, gpu_dataset_dir, tmp_path / "run", "deepspeed.config=configs/deepspeed/zero2-offload.json"
-    )
-    check_trained(out)
-
-
 def test_killed_run_resumes_to_the_same_losses(
     tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path, zero_runs: dict[int, Path]
 ) -> None:
@@ -236,3 +228,12 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
             torch.cuda.set_sync_debug_mode("default")
     assert math.isfinite(float(loss))
     assert any(p.grad is not None for p in distiller.parameters())
+
+
+# Last: compiling DeepSpeed's CPU Adam on first use is the one slow, unpredictable part of the file.
+def test_zero2_with_cpu_offload_trains(tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> None:
+    """ZeRO-Offload: the optimizer state and step on the CPU (DeepSpeed's CPU Adam, compiled on first use)."""
+    out = run(
+        tiny_teacher_dir, gpu_dataset_dir, tmp_path / "run", "deepspeed.config=configs/deepspeed/zero2-offload.json"
+    )
+    check_trained(out)
