@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -151,6 +152,7 @@ def summarize(out: Path) -> dict[str, Any]:
 
 def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float | None) -> dict[str, Any]:
     out = work / case.name
+    shutil.rmtree(out, ignore_errors=True)  # a run left there would be resumed, not measured
     data = data_root / f"data-{case.seq}"
     overrides = case_overrides(case, teacher, data, out)
     cmd = [sys.executable, "-u", "launch/run.sh", f"configs/{case.preset}.yaml", *overrides]
@@ -194,8 +196,9 @@ def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bo
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"# Training throughput on {report['device']}", "", report["versions"], ""]
-    lines += ["| case | seq | micro | global | tokens/s | MFU | peak GiB | data wait | rc |", "|---" * 9 + "|"]
+    lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
+    if report["cases"]:
+        lines += ["", "| case | seq | micro | global | tokens/s | MFU | peak GiB | data wait | rc |", "|---" * 9 + "|"]
     for r in report["cases"]:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
@@ -205,7 +208,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {wait} | {r['rc']} |"
         )
-    lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---|---|---|---|---|"]
+    if report["steps"]:
+        lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---" * 5 + "|"]
     for r in report["steps"]:
         if "error" in r:
             lines.append(f"| {' '.join(r['args'])} | error | | | |")
