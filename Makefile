@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages test lint demo clean
+.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,3 +44,11 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
+
+# The offline GPU campaign's luggage (docs/benchmarks.md, "GPU campaign"): wheels the GPU machine lacks and
+# shards made by the real pipeline, in the git-ignored .gpu/ that a device call names in `carry`.
+gpu-wheels: setup
+	PY=$(PY) bash benchmarks/gpu/wheels.sh
+
+gpu-data: setup
+	PY=$(PY) bash benchmarks/gpu/data.sh

@@ -1,7 +1,8 @@
 """Throughput and model-FLOPs utilisation (MFU) of one distillation step, for any trainer config.
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
-        [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR] [--json]
+        [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
+        [--step project|naive] [--no-fused-adamw] [--compile] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -37,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.naive_step import NaiveStep
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
@@ -50,7 +52,7 @@ from trainer.modeling import (
     training_dtype,
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
-from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
 GPU_PEAK_BF16 = {
@@ -131,31 +133,50 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     validate_against_teacher(cfg, teacher_config)
     tokenizer = load_tokenizer(args.tokenizer or cfg.teacher)
     teacher, student = build_models(cfg, args.random_weights)
-    teacher.to(device)
-    distiller = Distiller(student, teacher, cfg.objective).to(device).train()
-    masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=None, device=device)
-    optimizer = torch.optim.AdamW(
-        distiller.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps
-    )
     dtype = training_dtype(cfg.deepspeed.precision)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    batches = [
-        synthetic_batch(tokenizer, cfg.micro_batch_size, args.seq_len, seeded_generator(cfg.seed, i)).to(device)
-        for i in range(4)
+    # The same batches for both steps: made on the host from the seed, copied to the device for ours.
+    host_batches = [
+        synthetic_batch(tokenizer, cfg.micro_batch_size, args.seq_len, seeded_generator(cfg.seed, i)) for i in range(4)
     ]
+    if args.step == "naive":
+        naive = NaiveStep(cfg, teacher, student, tokenizer, device)
 
-    def forward_backward(i: int) -> torch.Tensor:
-        masked = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
-        with autocast:
-            loss = distiller(masked, None)["loss"]
-        loss.backward()
-        return loss.detach()
+        def forward_backward(i: int) -> torch.Tensor:
+            return torch.tensor(naive.forward_backward(host_batches[i % 4], seeded_generator(cfg.seed, i))["loss"])
 
-    def step(i: int) -> torch.Tensor:
-        loss = forward_backward(i)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+        def step(i: int) -> torch.Tensor:
+            return torch.tensor(naive(host_batches[i % 4], seeded_generator(cfg.seed, i))["loss"])
+
+    else:
+        distiller = Distiller(student, teacher.to(device), cfg.objective).to(device).train()
+        if args.compile:  # in place (nn.Module.compile): the modules keep their class, config and hooks
+            student.compile()
+            teacher.compile()
+        # As in training: frequency-smoothed masking (the DistilBERT preset) reads the dataset's token counts.
+        counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
+        masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)
+        optimizer = torch.optim.AdamW(
+            distiller.parameters(),
+            lr=cfg.optimizer.lr,
+            betas=tuple(cfg.optimizer.betas),
+            eps=cfg.optimizer.eps,
+            fused=args.fused_adamw and device.type == "cuda",
+        )
+        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+        batches = [b.to(device) for b in host_batches]
+
+        def forward_backward(i: int) -> torch.Tensor:
+            masked = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
+            with autocast:
+                loss = distiller(masked, None)["loss"]
+            loss.backward()
+            return loss.detach()
+
+        def step(i: int) -> torch.Tensor:
+            loss = forward_backward(i)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss
 
     for i in range(args.warmup):
         step(i)
@@ -180,6 +201,9 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
+        "step": args.step,
+        "fused_adamw": args.step == "project" and args.fused_adamw and device.type == "cuda",
+        "compiled": args.compile,
         "precision": cfg.deepspeed.precision,
         "teacher": cfg.teacher,
         "student_layers": student.config.num_hidden_layers,
@@ -210,6 +234,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s of the device, in TFLOP/s")
     parser.add_argument("--random-weights", action="store_true", help="teacher from its config.json, random init")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the teacher's)")
+    parser.add_argument(
+        "--step", default="project", choices=["project", "naive"], help="this project's step or the naive reference"
+    )
+    parser.add_argument(
+        "--fused-adamw", action=argparse.BooleanOptionalAction, default=True, help="fused AdamW on CUDA (project step)"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile student and teacher (project step)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.seq_len < 2:
@@ -223,7 +254,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(
-            f"{result['device']}, {result['precision']}, "
+            f"{result['device']}, {result['step']} step, {result['precision']}, "
             f"micro-batch {result['micro_batch_size']} x {result['seq_len']}: "
             f"{result['seconds_per_step'] * 1e3:.1f} ms/step, {result['tokens_per_s']:,.0f} tokens/s, "
             f"{result['flops_per_token']:.3e} FLOPs/token -> {result['achieved_tflops']:.3f} TFLOP/s, "

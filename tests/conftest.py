@@ -21,13 +21,13 @@ from helpers import (
     TINY_DATASET_SETTINGS,
     build_dataset,
     build_tiny_teacher,
-    minilm_dir,
 )
+from helpers import bert_tokenizer_dir as tokenizer_dir
 
 
 @pytest.fixture(scope="session")
 def bert_tokenizer_dir() -> Path:
-    return minilm_dir()
+    return tokenizer_dir()
 
 
 @pytest.fixture(scope="session")

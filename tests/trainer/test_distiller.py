@@ -205,3 +205,34 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
         assert out[name].item() == pytest.approx(value.item(), rel=0.05, abs=1e-3), name
     out["loss"].backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in low.student.parameters())
+
+
+def test_the_naive_reference_step_computes_the_projects_losses(student, teacher, tiny_teacher_dir: Path) -> None:
+    """benchmarks/naive_step.py (the baseline the GPU campaign compares with) optimises the same objective:
+    on the mask it draws, its L_ce, L_mlm and L_cos equal the Distiller's, so the speed ratio compares
+    like with like."""
+    import importlib.util
+
+    from common.tokenizer import load_tokenizer
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("naive_step", repo / "benchmarks" / "naive_step.py")
+    naive_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(naive_step)  # benchmarks/ is not a package
+
+    overrides = [f"teacher={tiny_teacher_dir}", "data=unused", "output_dir=unused"]
+    cfg = load_config(TrainConfig, repo / "configs" / "tiny-cpu.yaml", overrides)
+    naive = naive_step.NaiveStep(
+        cfg, teacher, copy.deepcopy(student), load_tokenizer(str(tiny_teacher_dir)), torch.device("cpu")
+    )
+    naive.student.eval()  # no dropout, as the Distiller below
+    ids = torch.randint(1000, 30000, (3, 64), generator=torch.Generator().manual_seed(5))
+    ids[:, 0], ids[:, 30] = 101, 102
+    corrupted, labels = naive.mask_on_host(ids, torch.Generator().manual_seed(7))
+    logged = naive.forward_backward(ids, torch.Generator().manual_seed(7))  # the same draw
+    masked = MaskedBatch.from_labels(corrupted, labels, budget=64)  # every chosen position, no budget cut
+    out = Distiller(student, teacher, cfg.objective)(masked, torch.ones_like(ids))
+    # The student copies the teacher's layers, so L_ce is ~1e-5: a difference of nearly equal float32 sums over
+    # the vocabulary, computed in another order (softmax vs log-softmax target): hence an absolute tolerance.
+    for name in ("ce", "mlm", "cos"):
+        assert logged[name] == pytest.approx(float(out[name].detach()), rel=1e-4, abs=1e-6), name

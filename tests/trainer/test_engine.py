@@ -57,6 +57,7 @@ def test_every_shipped_deepspeed_json_builds(name: str, stage: int) -> None:
     ds = deepspeed_config(cfg, world_size=8)
     assert ds["zero_optimization"]["stage"] == stage
     assert ds["fp16"]["enabled"] is True and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    assert ds["fp16"]["initial_scale_power"] == 16
     if name.endswith("offload"):  # ZeRO-Offload needs DeepSpeed's CPU Adam, with the YAML's hyperparameters
         assert ds["optimizer"] == {
             "type": "AdamW",
@@ -78,3 +79,10 @@ def test_a_deepspeed_json_may_not_set_what_the_yaml_owns(tmp_path: Path) -> None
         deepspeed_config(cfg, world_size=1)
     with pytest.raises(ConfigError, match=r"deepspeed\.config: file not found"):
         deepspeed_config(load("distilbert-base.yaml", "deepspeed.config=nope.json"), world_size=1)
+
+
+def test_the_initial_loss_scale_comes_from_the_yaml_and_is_checked() -> None:
+    cfg = load("distilbert-base.yaml", "deepspeed.precision=fp16", "deepspeed.initial_scale_power=32")
+    assert deepspeed_config(cfg, world_size=8)["fp16"]["initial_scale_power"] == 32
+    with pytest.raises(ConfigError, match=r"deepspeed\.initial_scale_power"):
+        load("distilbert-base.yaml", "deepspeed.initial_scale_power=-1")

@@ -13,20 +13,20 @@ serves as the teacher of a distillation run.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from helpers import finish_run, latest_step, launch_run, records
+from helpers import kill_and_resume as kill_rank_and_resume
+from helpers import train_losses as losses_of
 from safetensors.torch import load_file
 
 from trainer.commands.export import load_student
@@ -34,7 +34,6 @@ from trainer.commands.export import load_student
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 MAX_STEPS = 20
 TEST_SETTINGS = [
     f"max_steps={MAX_STEPS}",
@@ -55,20 +54,12 @@ def start(
 
 
 def launch(config: str, output_dir: Path, *overrides: str) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` in the background,
-    with no ``--master_port``, as a user types it: the run picks its own port."""
-    cmd = [str(DEEPSPEED), "--num_gpus", "2", "launch/run.sh"]
-    cmd += [config, f"output_dir={output_dir}", *TEST_SETTINGS, *overrides]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    output_dir.mkdir(parents=True, exist_ok=True)
-    log = (output_dir.parent / f"{output_dir.name}.log").open("a")
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` on two CPU ranks."""
+    return launch_run(config, output_dir, *TEST_SETTINGS, *overrides)
 
 
 def finish(proc: subprocess.Popen, output_dir: Path) -> None:
-    rc = proc.wait(timeout=RUN_TIMEOUT)
-    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
-    assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
+    finish_run(proc, output_dir, RUN_TIMEOUT)
 
 
 def run(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> Path:
@@ -76,20 +67,8 @@ def run(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> Path:
     return output_dir
 
 
-def records(output_dir: Path) -> list[dict]:
-    """The records of ``metrics.jsonl``; a line still being written by a live run is left out."""
-    path = output_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
-    return [json.loads(line) for line in lines if line.endswith("\n")]
-
-
 def train_losses(output_dir: Path, keys: tuple[str, ...] = LOSS_KEYS) -> dict[int, dict[str, float]]:
-    return {r["step"]: {k: r[k] for k in keys} for r in records(output_dir) if "train/loss" in r}
-
-
-def latest_step(output_dir: Path) -> int | None:
-    latest = output_dir / "checkpoints" / "latest"
-    return int(latest.read_text().strip().split("-")[1]) if latest.exists() else None
+    return losses_of(output_dir, keys)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +96,8 @@ def check_finished_run(output_dir: Path) -> None:
     assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-3 / 19)
     assert all(a > b for a, b in itertools.pairwise(lrs[1:]))
     assert all(r["train/tokens_per_s"] > 0 and r["train/grad_norm"] > 0 for r in train)
+    assert all(0 <= r["train/data_wait_share"] < 1 for r in train)
+    assert not any("train/max_memory_gib" in r for r in train)  # CUDA only
     evals = [r for r in records(output_dir) if "eval/student_mlm_loss" in r]
     assert [r["step"] for r in evals] == [10, 20]
     assert "eval/teacher_mlm_loss" in evals[0] and "eval/top1_agreement" in evals[1]
@@ -201,30 +182,8 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
 
 
 def kill_and_resume(launch_run: Callable[[], subprocess.Popen], out: Path) -> None:
-    """Launch a run into ``out``, SIGKILL its rank 1 two steps after a checkpoint, then relaunch it to the
-    end and check that it resumed from that checkpoint."""
-    proc = launch_run()
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:  # wait for a checkpoint and two more steps, then SIGKILL rank 1
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        saved = latest_step(out)
-        if saved is not None and max(train_losses(out, ("train/loss",)), default=0) >= saved + 2:
-            break
-        time.sleep(0.1)
-    ranks = [  # rank 1 itself, not its dataloader worker (a fork with the same command line)
-        p
-        for p in psutil.Process(proc.pid).children(recursive=True)
-        if "--local_rank=1" in p.cmdline() and "deepspeed.launcher.launch" in " ".join(p.parent().cmdline())
-    ]
-    assert len(ranks) == 1
-    os.kill(ranks[0].pid, signal.SIGKILL)
-    assert proc.wait(timeout=120) != 0
-    resumed_from = latest_step(out)
-    logged_before_kill = max(train_losses(out, ("train/loss",)))
-    assert resumed_from < logged_before_kill < MAX_STEPS
-    finish(launch_run(), out)
-    assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()
+    """SIGKILL rank 1 two steps after a checkpoint, relaunch, check that it resumed from that checkpoint."""
+    kill_rank_and_resume(launch_run, out, rank=1, max_steps=MAX_STEPS, timeout=RUN_TIMEOUT)
 
 
 # ----------------------------------------------------------------------- pretraining, no teacher

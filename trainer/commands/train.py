@@ -17,6 +17,7 @@ step, masks are drawn on the device, and batches arrive in pinned memory.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         reseed(cfg.seed, step, world.rank)  # dropout: the same random stream after a resume
         lr = engine.get_lr()[0]
         for micro in range(accumulation):
+            waited = time.perf_counter()
             batch = next(loader)["input_ids"]
+            meter.add_data_wait(time.perf_counter() - waited)
             host_mask = padding_mask(batch, dataset.pad_id)
             input_ids = batch.to(world.device, non_blocking=True)
             attention_mask = None if host_mask is None else host_mask.to(world.device, non_blocking=True)
@@ -140,7 +143,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
             meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
         step += 1
         grad_norm = engine.get_global_grad_norm()
-        guard.observe(step, grad_norm)
+        # fp16: a step whose gradients overflowed is skipped by the loss scaler (its norm is inf, the scale
+        # halves); that is normal operation, not a lost run. bf16 and fp32 apply every step.
+        if engine.was_step_applied():
+            guard.observe(step, grad_norm)
         meter.end_step(step, lr, grad_norm)
 
         eval_due = step % cfg.eval.every_steps == 0 or step == cfg.max_steps

@@ -189,7 +189,11 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         gradient_clipping=cfg.optimizer.grad_clip,
         bf16={"enabled": precision == "bf16"},
         # Dynamic loss scaling (loss_scale 0) keeps fp16 gradients out of underflow and overflow.
-        fp16={"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        fp16={
+            "enabled": precision == "fp16",
+            "loss_scale": 0,
+            "initial_scale_power": cfg.deepspeed.initial_scale_power,
+        },
     )
     ds.setdefault("steps_per_print", 10**9)  # the trainer logs; keep DeepSpeed's own step log quiet
     if offloads_optimizer(ds):

@@ -37,6 +37,7 @@ class StepMeter:
         self.pending: list[tuple[int, float, int, float]] = []  # (step, lr, tokens, end time) of unflushed rows
         self.tokens = 0  # real tokens of the current step on this rank, counted on the host
         self.micro: list[torch.Tensor] = []
+        self.data_wait = 0.0  # host seconds spent waiting for batches since the last flush
         self.started = self.last_flush = time.perf_counter()
 
     def add_micro(self, losses: dict[str, torch.Tensor], tokens: int) -> None:
@@ -45,6 +46,10 @@ class StepMeter:
             self.names = list(losses)
         self.micro.append(torch.stack([losses[name].detach().float() for name in self.names]))
         self.tokens += tokens
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Host time one ``next(loader)`` took: the loop stood still waiting for data that long."""
+        self.data_wait += seconds
 
     def end_step(self, step: int, lr: float, grad_norm: Any) -> None:
         terms = torch.stack(self.micro).mean(0)
@@ -64,7 +69,14 @@ class StepMeter:
             table[:, :-1] /= dist.get_world_size()  # mean losses; the grad norm is the same on every rank
         values = table.tolist()
         now = time.perf_counter()
-        tokens_per_s = sum(row[-1] for row in values) / max(now - self.last_flush, 1e-9)
+        interval = max(now - self.last_flush, 1e-9)
+        tokens_per_s = sum(row[-1] for row in values) / interval
+        # Of the wall time since the last flush, the share the loop spent blocked on the loader. An upper
+        # bound on the device's idle time for want of data: the host usually runs ahead of the device.
+        shared = {"train/tokens_per_s": tokens_per_s, "train/data_wait_share": self.data_wait / interval}
+        device = self.rows[0].device
+        if device.type == "cuda":  # the peak since the process started, what sizing a micro-batch needs
+            shared["train/max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         records = []
         for (step, lr, _, ended), row in zip(self.pending, values, strict=True):
             metrics = {f"train/{name}": value for name, value in zip(self.names, row, strict=False)}
@@ -72,13 +84,13 @@ class StepMeter:
                 {
                     "train/lr": lr,
                     "train/grad_norm": row[-2],
-                    "train/tokens_per_s": tokens_per_s,
+                    **shared,
                     "train/samples": step * self.global_batch_size,
                     "train/elapsed_s": ended - self.started,
                 }
             )
             records.append((step, metrics))
-        self.rows, self.pending, self.last_flush = [], [], now
+        self.rows, self.pending, self.last_flush, self.data_wait = [], [], now, 0.0
         return records
 
 

@@ -1,0 +1,281 @@
+"""End-to-end training throughput through the real engine and loader, and the naive step side by side.
+
+    python benchmarks/gpu/train_throughput.py OUTDIR [--parts cases,steps] [--only CASE,...] [--data .gpu] [--quick]
+
+Each case is a real run, ``python launch/run.sh PRESET ...`` (the DeepSpeed engine, the WebDataset
+loader over real shards made by the preprocessing pipeline, masking, the Distiller, checkpointing and
+export at the end), with a random-weight teacher of ``configs/teachers/bert-base-uncased``'s shape,
+saved once with the carried tokenizer. From its ``metrics.jsonl`` it reports, over the log intervals
+after the first (which holds start-up and warm-up):
+
+* tokens/s: real tokens over wall time, measured by the loop itself (``train/tokens_per_s``);
+* MFU: tokens/s x model FLOPs per token as ``plan`` counts them (``step_flops_per_token``) over the
+  dense bf16 peak of the GPU (989 TFLOP/s for an H100), as ``benchmarks/distill_step.py`` does;
+* peak GPU memory (``train/max_memory_gib``) and the share of wall time the loop waited for the
+  loader (``train/data_wait_share``).
+
+Then ``benchmarks/distill_step.py`` times this project's bare step and the naive reference step
+(``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
+``torch.compile`` of student and teacher: the ratio is
+the speed-up over the usual way. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
+rewritten after every case, so a run cut short still returns what it measured.
+
+``--quick`` is the CPU dry run: a 12-layer, 96-wide teacher, the 128-token data, micro-batches of 2
+and a few steps; every code path runs, no figure means anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common.atomic import write_text_atomically
+from common.config import load_config
+from trainer.commands.plan import step_flops_per_token
+from trainer.config import TrainConfig
+from trainer.modeling import base_config, load_teacher_config, student_config
+
+REPO = Path(__file__).resolve().parents[2]
+H100_BF16_DENSE = 989e12  # FLOP/s, the datasheet figure the issue measures MFU against
+CASE_TIMEOUT = 420
+
+
+@dataclass
+class Case:
+    name: str
+    preset: str
+    seq: int
+    micro: int
+    steps: int = 30
+    log_every: int = 10
+    global_batch: int | None = None  # None: one micro-batch per step
+    overrides: list[str] = field(default_factory=list)
+
+
+def full_cases() -> list[Case]:
+    """The campaign: the distilbert-base preset at 128 and 512 tokens over a micro-batch sweep, the two small
+    presets at 512, and the DistilBERT recipe's 4096-sequence global batch through gradient accumulation."""
+    cases = [Case(f"distilbert-128-mb{m}", "distilbert-base", 128, m) for m in (64, 128, 256)]
+    cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (16, 32, 64)]
+    cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
+    cases += [Case("minilm-6l-384-512-mb64", "minilm-6l-384", 512, 64)]
+    cases += [Case("distilbert-512-gb4096-mb32", "distilbert-base", 512, 32, steps=2, log_every=1, global_batch=4096)]
+    return cases
+
+
+def quick_cases() -> list[Case]:
+    """The same code paths at CPU size."""
+    cases = [Case("distilbert-128-mb2", "distilbert-base", 128, 2, steps=4, log_every=2)]
+    cases += [Case("tinybert-4l-312-128-mb2", "tinybert-4l-312", 128, 2, steps=4, log_every=2)]
+    cases += [Case("minilm-6l-384-128-mb2", "minilm-6l-384", 128, 2, steps=4, log_every=2)]
+    cases += [Case("distilbert-128-gb8-mb2", "distilbert-base", 128, 2, steps=2, log_every=1, global_batch=8)]
+    return cases
+
+
+def random_teacher(config_dir: Path, tokenizer_dir: Path, dest: Path, quick: bool) -> Path:
+    """A randomly initialised teacher of the config's shape (``--quick``: a small one), saved with the tokenizer.
+
+    Throughput does not depend on the weights; the DistilBERT student copies whatever the teacher holds.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from trainer.modeling import model_from_config
+
+    if (dest / "config.json").is_file():
+        return dest
+    config = load_teacher_config(str(config_dir))
+    if quick:
+        config.hidden_size, config.num_attention_heads, config.intermediate_size = 96, 12, 192
+    torch.manual_seed(0)
+    model_from_config(config).save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True).save_pretrained(dest)
+    return dest
+
+
+def case_overrides(case: Case, teacher: Path, data: Path, out: Path) -> list[str]:
+    steps = case.steps
+    return [
+        f"teacher={teacher}",
+        f"data={data}",
+        f"output_dir={out}",
+        f"max_steps={steps}",
+        f"micro_batch_size={case.micro}",
+        f"global_batch_size={case.global_batch or case.micro}",
+        f"logging.every_steps={case.log_every}",
+        f"eval.every_steps={steps}",
+        "eval.max_batches=1",
+        f"checkpoint.every_steps={steps}",
+        "checkpoint.keep_last=1",
+        "mlflow.enabled=false",
+        *case.overrides,
+    ]
+
+
+def flops_per_token(case: Case, overrides: list[str]) -> float:
+    cfg = load_config(TrainConfig, str(REPO / "configs" / f"{case.preset}.yaml"), overrides)
+    teacher = load_teacher_config(cfg.teacher)
+    student = student_config(cfg.student, base_config(cfg.student, teacher))
+    return step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, case.seq)["total"]
+
+
+def summarize(out: Path) -> dict[str, Any]:
+    """Rates over the log intervals after the first; each interval holds the same number of tokens, so the
+    rate of their sum is the harmonic mean of their rates."""
+    lines = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+    train = [r for r in map(json.loads, lines) if "train/loss" in r]
+    flushes: dict[float, dict[str, Any]] = {}  # one flush = the records sharing its tokens_per_s
+    for r in train:
+        flushes.setdefault(r["train/tokens_per_s"], r)
+    measured = list(flushes.values())[1:] or list(flushes.values())
+    if not measured:
+        return {"error": "no train records"}
+    rates = [r["train/tokens_per_s"] for r in measured]
+    return {
+        "tokens_per_s": len(rates) / sum(1 / r for r in rates),
+        "data_wait_share": max(r["train/data_wait_share"] for r in measured),
+        "max_memory_gib": max((r.get("train/max_memory_gib") or 0.0) for r in train) or None,
+        "intervals": len(measured),
+        "final_loss": train[-1]["train/loss"],
+    }
+
+
+def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float | None) -> dict[str, Any]:
+    out = work / case.name
+    shutil.rmtree(out, ignore_errors=True)  # a run left there would be resumed, not measured
+    data = data_root / f"data-{case.seq}"
+    overrides = case_overrides(case, teacher, data, out)
+    cmd = [sys.executable, "-u", "launch/run.sh", f"configs/{case.preset}.yaml", *overrides]
+    started = time.perf_counter()
+    log_path = work / f"{case.name}.log"
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=CASE_TIMEOUT)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result: dict[str, Any] = {**asdict(case), "rc": rc, "wall_s": time.perf_counter() - started}
+    if rc != 0:
+        result["error"] = log_path.read_text()[-2000:]
+    result.update(summarize(out))
+    flops = flops_per_token(case, overrides)
+    result["flops_per_token"] = flops
+    if "tokens_per_s" in result and peak:
+        result["mfu"] = result["tokens_per_s"] * flops / peak
+    return result
+
+
+def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[dict[str, Any]]:
+    """benchmarks/distill_step.py: this project's bare step (fused AdamW on, off; compiled) and the naive step."""
+    micro, seq, steps = (2, 128, 2) if quick else (32, 512, 10)
+    base = [sys.executable, "benchmarks/distill_step.py", "configs/distilbert-base.yaml", f"teacher={teacher_config}"]
+    base += [f"data={data}", f"micro_batch_size={micro}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
+    base += ["--random-weights", f"--tokenizer={tokenizer}", "--json"]
+    if quick:
+        base += ["student.teacher_layers=null"]
+    results = []
+    variants = [["--step=project"], ["--step=project", "--no-fused-adamw"], ["--step=naive"]]
+    variants += [["--step=project", "--compile"]]  # last: its compile time is the least predictable
+    for extra in variants:
+        proc = subprocess.run([*base, *extra], cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+        if proc.returncode != 0:
+            results.append({"args": extra, "error": proc.stderr[-2000:]})
+            continue
+        results.append({"args": extra, **json.loads(proc.stdout[proc.stdout.index("{") :])})
+    return results
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
+    if report["cases"]:
+        lines += ["", "| case | seq | micro | global | tokens/s | MFU | peak GiB | data wait | rc |", "|---" * 9 + "|"]
+    for r in report["cases"]:
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
+        mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
+        wait = f"{r['data_wait_share']:.1%}" if r.get("data_wait_share") is not None else "-"
+        gb = r["global_batch"] or r["micro"]
+        lines.append(
+            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {wait} | {r['rc']} |"
+        )
+    if report["steps"]:
+        lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---" * 5 + "|"]
+    for r in report["steps"]:
+        if "error" in r:
+            lines.append(f"| {' '.join(r['args'])} | error | | | |")
+            continue
+        mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
+        lines.append(
+            f"| {' '.join(r['args'])} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {mem} | "
+            f"{r['host_sync_in_forward_backward']} |"
+        )
+    if report.get("naive_ratio"):
+        lines += ["", f"Project step / naive step tokens/s: **{report['naive_ratio']:.2f}x**"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--data", type=Path, default=REPO / ".gpu", help="tokenizer/, data-128/, data-512/")
+    parser.add_argument("--teacher-config", type=Path, default=REPO / "configs" / "teachers" / "bert-base-uncased")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/encoder-distill-throughput"))
+    parser.add_argument("--quick", action="store_true", help="the CPU dry run")
+    parser.add_argument("--parts", default="cases,steps", help="cases (training runs), steps (bare step comparison)")
+    parser.add_argument("--only", default=None, help="comma-separated case names (default: all)")
+    args = parser.parse_args()
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    on_gpu = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if on_gpu else "cpu"
+    peak = H100_BF16_DENSE if on_gpu else None
+    tokenizer = args.data / "tokenizer"
+    teacher = random_teacher(args.teacher_config, tokenizer, args.work / "teacher", args.quick)
+    import deepspeed
+    import transformers
+
+    versions = f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}"
+    report: dict[str, Any] = {"device": device, "versions": versions, "peak_flops": peak, "cases": [], "steps": []}
+    only = None if args.only is None else set(args.only.split(","))
+    parts = set(args.parts.split(","))
+
+    def save() -> None:
+        write_text_atomically(args.outdir / "throughput.json", json.dumps(report, indent=2) + "\n")
+        write_text_atomically(args.outdir / "throughput.md", markdown(report))
+
+    for case in quick_cases() if args.quick else full_cases():
+        if "cases" not in parts or (only is not None and case.name not in only):
+            continue
+        result = run_case(case, teacher, args.data, args.work, peak)
+        report["cases"].append(result)
+        save()
+        print(json.dumps({k: v for k, v in result.items() if k != "error"}), flush=True)
+        if "error" in result:
+            print(result["error"], file=sys.stderr, flush=True)
+    if "steps" in parts:
+        data = args.data / ("data-128" if args.quick else "data-512")
+        teacher_config = teacher if args.quick else args.teacher_config
+        report["steps"] = step_comparison(teacher_config, tokenizer, data, args.quick)
+        rates = {" ".join(r["args"]): r.get("tokens_per_s") for r in report["steps"]}
+        if rates.get("--step=project") and rates.get("--step=naive"):
+            report["naive_ratio"] = rates["--step=project"] / rates["--step=naive"]
+        save()
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The naive reference step: DistilBERT's objective written the way common distillation scripts write it.
+
+    python benchmarks/distill_step.py CONFIG.yaml --step naive [the other distill_step.py options]
+
+``benchmarks/distill_step.py`` times it on the same models, the same batches and the same device as
+the project's step (``--step project``, the default), so that the ratio of the two tokens/s is the
+speed-up this project's step brings over the usual way. It is what such scripts do, on purpose:
+
+* masking on the host: the batch stays on the CPU, the 15 % / 80-10-10 choice is made there with
+  boolean indexing, and the corrupted ids and labels are copied to the device each micro-step;
+* full ``[batch, seq, vocab]`` logits for the teacher and the student (the vocabulary projection at
+  every position), then boolean indexing of the masked positions, which waits for the device to
+  learn how many there are;
+* the teacher in float32 (not the training dtype), the student under autocast in the training dtype;
+* ``.item()`` on every loss term every micro-step, for logging: one more wait for the device each;
+* ``torch.optim.AdamW`` with its defaults (not fused), gradient clipping, eager mode.
+
+Only the output-level terms of DistilBERT (``objective.ce``, ``mlm``, ``cos``) are implemented: a
+config with layer terms is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from common.config import ConfigError
+from trainer.config import TrainConfig
+from trainer.objective.layer_distillation import method_class
+
+
+class NaiveStep:
+    """One optimizer step of the naive recipe on a host batch; returns the logged floats."""
+
+    def __init__(self, cfg: TrainConfig, teacher: Any, student: Any, tokenizer: Any, device: torch.device) -> None:
+        for name in cfg.objective.LAYER_METHODS:
+            if method_class(name).active_weights(getattr(cfg.objective, name)):
+                raise ConfigError(f"objective.{name}: the naive step implements DistilBERT's output terms only")
+        self.cfg, self.device = cfg, device
+        self.teacher = teacher.float().to(device).eval()  # float32, as most scripts leave it
+        self.student = student.to(device).train()
+        self.mask_id, self.vocab = tokenizer.mask_token_id, len(tokenizer)
+        self.special = torch.tensor(tokenizer.all_special_ids)
+        opt = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.student.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.deepspeed.precision)
+        self.autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+    def mask_on_host(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(corrupted ids, labels with -100 where nothing is predicted), both still on the CPU."""
+        m = self.cfg.masking
+        ids = input_ids.clone()
+        probability = torch.full(ids.shape, m.probability)
+        probability[torch.isin(ids, self.special)] = 0.0
+        chosen = torch.bernoulli(probability, generator=generator).bool()
+        labels = ids.clone()
+        labels[~chosen] = -100
+        draw = torch.rand(ids.shape, generator=generator)
+        ids[chosen & (draw < m.replace_mask)] = self.mask_id
+        random = chosen & (draw >= m.replace_mask) & (draw < m.replace_mask + m.replace_random)
+        ids[random] = torch.randint(self.vocab, (int(random.sum()),), generator=generator)
+        return ids, labels
+
+    def forward_backward(self, input_ids: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
+        obj = self.cfg.objective
+        ids, labels = self.mask_on_host(input_ids, generator)
+        ids, labels = ids.to(self.device), labels.to(self.device)
+        attention = (ids != 0).long()  # every script passes a mask, padding or not
+        with torch.no_grad():
+            t_out = self.teacher(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        with self.autocast:
+            s_out = self.student(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        s_logits, t_logits = s_out.logits.float(), t_out.logits.float()  # [batch, seq, vocab] each
+        selected = labels != -100
+        terms: dict[str, torch.Tensor] = {}
+        if obj.ce > 0:
+            s_sel = s_logits[selected].view(-1, self.vocab)  # boolean indexing: waits for the device
+            t_sel = t_logits[selected].view(-1, self.vocab)
+            t = obj.temperature
+            terms["ce"] = (
+                F.kl_div(F.log_softmax(s_sel / t, dim=-1), F.softmax(t_sel / t, dim=-1), reduction="batchmean") * t**2
+            )
+        if obj.mlm > 0:
+            terms["mlm"] = F.cross_entropy(s_logits.view(-1, self.vocab), labels.view(-1), ignore_index=-100)
+        if obj.cos > 0:
+            keep = attention.bool()
+            s_h, t_h = s_out.hidden_states[-1][keep].float(), t_out.hidden_states[-1][keep]
+            target = torch.ones(s_h.shape[0], device=self.device)
+            terms["cos"] = F.cosine_embedding_loss(s_h, t_h, target)
+        loss = sum(getattr(obj, name) * value for name, value in terms.items())
+        loss.backward()
+        logged = {name: value.item() for name, value in terms.items()}  # one wait per term
+        logged["loss"] = loss.item()
+        return logged
+
+    def __call__(self, input_ids: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
+        logged = self.forward_backward(input_ids, generator)
+        if self.cfg.optimizer.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.optimizer.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return logged

@@ -1,0 +1,239 @@
+"""The GPU path, proven on a real GPU: ``pytest -m gpu tests/gpu`` (the campaign's ``benchmarks/gpu/run.sh``).
+
+Skipped where no CUDA device is present (CI never needs them). Each test starts the real launcher,
+``deepspeed --num_gpus 1 launch/run.sh configs/tiny-cpu.yaml ...``, with the tiny BERT teacher of
+``tests/helpers.py`` and real shards made by the preprocessing pipeline: ``ENCODER_DISTILL_GPU_DATA``
+(the GPU machine has no Beam; ``make gpu-data`` writes ``.gpu/data-128``), else the session's tiny dataset.
+
+``ENCODER_DISTILL_GPU_TESTS_ON=cpu`` runs the same bodies on a CPU rank (DS_ACCELERATOR=cpu), except the
+checks only CUDA can make (fp16 loss scaling, CUDA's sync debug mode): a dry run of everything else,
+so that a GPU session spends its minutes on the GPU, not on the tests' own bugs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, finish_run, kill_and_resume, launch_run, records, train_losses
+
+ON = os.environ.get("ENCODER_DISTILL_GPU_TESTS_ON", "cuda")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(ON == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+cuda_only = pytest.mark.skipif(ON != "cuda", reason="a CUDA-only check (dry run on CPU)")
+
+MAX_STEPS = 20
+SETTINGS = [
+    f"max_steps={MAX_STEPS}",
+    "deepspeed.precision=bf16",
+    "checkpoint.every_steps=5",
+    "checkpoint.keep_last=2",
+    "eval.every_steps=10",
+    "logging.every_steps=1",
+    "loader.num_workers=1",
+]
+LOSS_KEYS = ("train/loss", "train/ce", "train/mlm", "train/cos")
+RUN_TIMEOUT = 600  # the first ZeRO-Offload run compiles DeepSpeed's CPU Adam
+
+
+@pytest.fixture(scope="session")
+def gpu_dataset_dir(request: pytest.FixtureRequest) -> Path:
+    carried = os.environ.get("ENCODER_DISTILL_GPU_DATA")
+    return Path(carried) if carried else request.getfixturevalue("tiny_dataset_dir")
+
+
+def start(teacher: Path, data: Path, out: Path, *overrides: str):
+    return launch_run(
+        "configs/tiny-cpu.yaml",
+        out,
+        f"teacher={teacher}",
+        f"data={data}",
+        *SETTINGS,
+        *overrides,
+        num_gpus=1,
+        accelerator=ON,
+    )
+
+
+def run(teacher: Path, data: Path, out: Path, *overrides: str) -> Path:
+    finish_run(start(teacher, data, out, *overrides), out, RUN_TIMEOUT)
+    return out
+
+
+def check_trained(out: Path) -> dict[int, dict[str, float]]:
+    """Every step logged with finite losses, the loss fell, the run measured its GPU memory, a student exported."""
+    losses = train_losses(out, LOSS_KEYS)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    assert all(math.isfinite(v) for step in losses.values() for v in step.values())
+    first = sum(losses[s]["train/loss"] for s in range(1, 4)) / 3
+    last = sum(losses[s]["train/loss"] for s in range(MAX_STEPS - 2, MAX_STEPS + 1)) / 3
+    assert last < first, f"loss did not fall: first steps {first:.4f}, last steps {last:.4f}"
+    train = [r for r in records(out) if "train/loss" in r]
+    if ON == "cuda":  # the metric exists only for a CUDA device: proof the step ran there
+        assert all(r["train/max_memory_gib"] > 0 for r in train)
+    assert all(0 <= r["train/data_wait_share"] <= 1 for r in train)
+    assert (out / "student" / "model.safetensors").is_file()
+    return losses
+
+
+@pytest.fixture(scope="module")
+def zero_runs(tmp_path_factory, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> dict[int, Path]:
+    """One bf16 run per ZeRO stage, the same seed, data and config otherwise."""
+    return {
+        stage: run(
+            tiny_teacher_dir,
+            gpu_dataset_dir,
+            tmp_path_factory.mktemp(f"zero{stage}") / "run",
+            f"deepspeed.config=configs/deepspeed/zero{stage}.json",
+        )
+        for stage in (1, 2, 3)
+    }
+
+
+def test_bf16_trains_with_zero_1_2_and_3(zero_runs: dict[int, Path]) -> None:
+    losses = {stage: check_trained(out) for stage, out in zero_runs.items()}
+    # Step 1 runs the same weights on the same masked batch in every stage: the same loss up to bf16
+    # rounding in differently ordered reductions (2**-8 relative).
+    for stage in (1, 3):
+        assert losses[stage][1]["train/loss"] == pytest.approx(losses[2][1]["train/loss"], rel=1e-2)
+
+
+@cuda_only
+def test_fp16_overflowing_steps_are_skipped_not_fatal(
+    tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path
+) -> None:
+    """A loss scale of 2**32 overflows fp16 gradients: DeepSpeed skips those steps and halves the scale until
+    the gradients fit; the run goes on to train, where the non-finite guard would have stopped it."""
+    out = run(
+        tiny_teacher_dir,
+        gpu_dataset_dir,
+        tmp_path / "run",
+        "deepspeed.precision=fp16",
+        "deepspeed.initial_scale_power=32",
+        "max_steps=40",
+    )
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert "OVERFLOW! Rank 0 Skipping step" in log
+    train = [r for r in records(out) if "train/loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 41))
+    skipped = [r["step"] for r in train if not math.isfinite(r["train/grad_norm"])]
+    assert skipped and skipped[0] == 1, "the first steps must overflow at a scale of 2**32"
+    assert all(math.isfinite(r["train/loss"]) for r in train)
+    applied = [r for r in train if math.isfinite(r["train/grad_norm"])]
+    assert len(applied) >= 5 and applied[-1]["step"] == 40, f"still skipping at the end: {skipped}"
+    assert (out / "student" / "model.safetensors").is_file()
+
+
+def test_killed_run_resumes_to_the_same_losses(
+    tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path, zero_runs: dict[int, Path]
+) -> None:
+    """Killed two steps after a checkpoint and relaunched, a run continues to the same losses.
+
+    The tolerance is the GPU's own run-to-run spread, measured: a second uninterrupted run of the same
+    config. Where its kernels are deterministic the spread is 0 and the resumed losses must be
+    bit-identical (up to 1e-6 relative); where some reduction is not (atomics in attention's backward),
+    the resumed run may differ by as much as two uninterrupted runs do, with a margin of 4x. A resume
+    that restored the wrong data position, optimizer state or schedule moves the losses by percent.
+    """
+    reference = train_losses(zero_runs[2], LOSS_KEYS)
+    again = train_losses(run(tiny_teacher_dir, gpu_dataset_dir, tmp_path / "again"), LOSS_KEYS)
+    out = tmp_path / "resumed"
+    kill_and_resume(
+        lambda: start(tiny_teacher_dir, gpu_dataset_dir, out), out, rank=0, max_steps=MAX_STEPS, timeout=RUN_TIMEOUT
+    )
+    resumed = train_losses(out, LOSS_KEYS)
+    assert sorted(resumed) == sorted(reference)
+    for step in reference:
+        for key, value in reference[step].items():
+            spread = abs(again[step][key] - value)
+            assert abs(resumed[step][key] - value) <= 4 * spread + 1e-6 * abs(value), (step, key, spread)
+
+
+def test_exported_student_fills_masks_on_the_gpu(zero_runs: dict[int, Path]) -> None:
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(zero_runs[2] / "student"), device=ON)
+    assert next(fill.model.parameters()).device.type == ON
+    predictions = fill("The [MASK] module provides regular expression matching.")
+    assert len(predictions) == 5 and all(0 <= p["score"] <= 1 for p in predictions)
+    assert all(isinstance(p["token_str"], str) and p["token_str"] for p in predictions)
+
+
+PRESETS = {  # each preset's objective, at the tiny teacher's width (64, 4 heads, 4 layers)
+    "distilbert-base": ["student.teacher_layers=null"],
+    "tinybert-4l-312": ["student.hidden_size=32", "student.num_attention_heads=4", "student.intermediate_size=64"],
+    "minilm-6l-384": ["student.num_layers=2", "student.hidden_size=32", "student.num_attention_heads=4"],
+}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["packed", "padded"])
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_masking_forward_and_backward_never_wait_for_the_device(
+    preset: str, padded: bool, tiny_teacher_dir: Path, gpu_dataset_dir: Path
+) -> None:
+    """Under ``torch.cuda.set_sync_debug_mode("error")`` any device-to-host wait raises: masking, the
+    Distiller's forward (teacher, student, every loss term of the preset) and backward have none."""
+    from common.config import load_config
+    from common.tokenizer import load_tokenizer
+    from trainer.config import TrainConfig
+    from trainer.modeling import build_student, load_teacher
+    from trainer.objective.distiller import Distiller
+    from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
+    from trainer.runtime.data import TrainLoader, open_dataset, padding_mask
+
+    overrides = [f"teacher={tiny_teacher_dir}", f"data={gpu_dataset_dir}", "output_dir=unused", "micro_batch_size=4"]
+    overrides += ["loader.num_workers=0", *PRESETS[preset]]
+    cfg = load_config(TrainConfig, str(REPO / "configs" / f"{preset}.yaml"), overrides)
+    device = torch.device(ON)
+    torch.manual_seed(0)
+    teacher = load_teacher(cfg.teacher, torch.float32)
+    distiller = Distiller(build_student(cfg.student, teacher), teacher.to(device, torch.bfloat16), cfg.objective)
+    distiller.to(device).train()
+    counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
+    masker = DynamicMasker.from_tokenizer(cfg.masking, load_tokenizer(cfg.teacher), counts, device=device)
+    dataset = open_dataset(cfg.data)
+    loader = TrainLoader(dataset, micro_batch_size=4, rank=0, world_size=1, loader_cfg=cfg.loader, seed=0)
+    batch = next(loader)["input_ids"]
+    if padded:  # the loop's two cases: a batch with padding comes with an attention mask, a packed one without
+        batch[:, -7:] = dataset.pad_id
+    else:
+        batch[batch == dataset.pad_id] = int(dataset.tokenizer["special_token_ids"]["sep"])
+    host_mask = padding_mask(batch, dataset.pad_id)
+    assert (host_mask is not None) == padded
+    input_ids = batch.to(device, non_blocking=True)
+    attention_mask = None if host_mask is None else host_mask.to(device, non_blocking=True)
+    generator = seeded_generator(0, 1, 0, 0, device=device)
+
+    def step() -> torch.Tensor:
+        masked = masker(input_ids, attention_mask, generator)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = distiller(batch=masked, attention_mask=attention_mask)["loss"]
+        loss.backward()
+        return loss.detach()
+
+    step()  # the first call may initialise lazily (cuBLAS handles, autotuning), which is not a step's work
+    distiller.zero_grad(set_to_none=True)
+    if ON == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = step()
+    finally:
+        if ON == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(float(loss))
+    assert any(p.grad is not None for p in distiller.parameters())
+
+
+# Last: compiling DeepSpeed's CPU Adam on first use is the one slow, unpredictable part of the file.
+def test_zero2_with_cpu_offload_trains(tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> None:
+    """ZeRO-Offload: the optimizer state and step on the CPU (DeepSpeed's CPU Adam, compiled on first use)."""
+    out = run(
+        tiny_teacher_dir, gpu_dataset_dir, tmp_path / "run", "deepspeed.config=configs/deepspeed/zero2-offload.json"
+    )
+    check_trained(out)
