@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import latest_step, records
 from safetensors.torch import load_file
-from test_launcher import check_student, latest_step, records
+from test_launcher import check_student
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd")
