@@ -80,7 +80,7 @@ def wait_for_workers(address: str, n: int, logs: Path, timeout: float = 120) -> 
 @pytest.fixture(scope="module")
 def two_files(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path) -> list[Path]:
     """The sample corpus cut into two files, so that both workers read one."""
-    lines = gzip.open(sample_corpus, "rt", encoding="utf-8").read().splitlines(keepends=True)
+    lines = gzip.decompress(sample_corpus.read_bytes()).decode("utf-8").splitlines(keepends=True)
     folder = tmp_path_factory.mktemp("two-files")
     halves = [folder / "a.jsonl", folder / "b.jsonl"]
     halves[0].write_text("".join(lines[: len(lines) // 2]), encoding="utf-8")
