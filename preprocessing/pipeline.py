@@ -459,6 +459,9 @@ def run(cfg: PreprocessConfig) -> dict[str, Any]:
     """Validate, run the pipeline to completion, print the summary; returns the manifest."""
     options = PipelineOptions(flags=[], **cfg.beam_options())
     runner = make_runner(options)
+    # Before preflight's first look at the output: a filesystem reads its settings from the options
+    # (s3_endpoint_url, credentials), which beam.Pipeline would only hand it later.
+    FileSystems.set_options(options)
     plan, tokenizer_json = preflight(cfg)
     clear_previous(plan.output)
     write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
