@@ -23,6 +23,7 @@ DIRECT_RUNNERS = ("DirectRunner", "direct")
 # Runners Beam ships without listing them among its known names: Beam accepts them only by their
 # full path, and registers their options (DaskRunner: ``address``, ...) only once that is imported.
 RUNNER_PATHS = {"daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+RUNNER_NAMES = tuple(path.rsplit(".", 1)[1] for path in RUNNER_PATHS.values())
 # The DaskRunner makes one dask.bag partition per 128 inputs by default, which puts a corpus of a
 # few files on one worker; one partition per input file spreads the reading over the cluster.
 DASK_DEFAULTS: dict[str, Any] = {"partition_size": 1}

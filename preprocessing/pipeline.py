@@ -43,7 +43,7 @@ from apache_beam.runners.runner import PipelineRunner, create_runner
 from common.config import ConfigError, to_dict
 from common.fast_exit import skip_final_collection
 from preprocessing.cleaning import clean_text
-from preprocessing.config import DIRECT_RUNNERS, PreprocessConfig, runner_path
+from preprocessing.config import DIRECT_RUNNERS, RUNNER_NAMES, PreprocessConfig, runner_path
 from preprocessing.manifest import (
     MANIFEST,
     SPLITS,
@@ -441,7 +441,7 @@ def make_runner(options: PipelineOptions) -> PipelineRunner:
         try:
             return create_runner(runner_path(name))
         except ValueError as err:  # "Unexpected pipeline runner: X. Valid values are ..."
-            raise ConfigError(f"beam.runner: {err}") from None
+            raise ConfigError(f"beam.runner: {err} This tool also knows {', '.join(RUNNER_NAMES)}.") from None
         except ImportError as err:  # a known runner whose extra is not installed, e.g. apache-beam[gcp]
             raise ConfigError(f"beam.runner: {name} cannot be loaded: {err}") from None
     from apache_beam.portability.api import beam_provision_api_pb2
