@@ -377,7 +377,7 @@ def delete_tree(path: str) -> None:
 def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan) -> None:
     """The graph, in transforms every Beam runner implements: ParDo/Map/FlatMap with one output,
     GroupByKey, CombinePerKey, Flatten and Reshuffle; no tagged outputs and no side inputs (the
-    DaskRunner mixes the former, and evaluates the latter outside the graph, once per use)."""
+    DaskRunner mixes the former, and computes the latter apart from the graph it runs)."""
     read = (
         pipeline
         | "InputFiles" >> beam.Create(plan.files)  # Create reshuffles: files spread over workers
