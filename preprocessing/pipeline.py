@@ -320,7 +320,8 @@ class WriteShard(WorkerDoFn):
 
 
 class SumArrays(beam.CombineFn):
-    """Element-wise sum of token-count vectors (zeros when the train split is empty)."""
+    """Element-wise sum of token-count vectors (none at all when the train split is empty: finalize
+    then writes zeros)."""
 
     def __init__(self, size: int):
         self.size = size
