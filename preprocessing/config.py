@@ -20,6 +20,13 @@ LOGGING_DEFAULTS: dict[str, Any] = {
     "sdk_harness_log_level_overrides": {"preprocessing": "INFO"},
 }
 DIRECT_RUNNERS = ("DirectRunner", "direct")
+# Runners Beam ships without listing them among its known names: Beam accepts them only by their
+# full path, and registers their options (DaskRunner: ``address``, ...) only once that is imported.
+RUNNER_PATHS = {"daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+RUNNER_NAMES = tuple(path.rsplit(".", 1)[1] for path in RUNNER_PATHS.values())
+# The DaskRunner makes one dask.bag partition per 128 inputs by default, which puts a corpus of a
+# few files on one worker; one partition per input file spreads the reading over the cluster.
+DASK_DEFAULTS: dict[str, Any] = {"partition_size": 1}
 DIRECT_DEFAULTS: dict[str, Any] = {
     "runner": "DirectRunner",
     "direct_running_mode": "multi_processing",
@@ -81,6 +88,17 @@ class PreprocessConfig:
     def beam_options(self) -> dict[str, Any]:
         """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the
         DirectRunner defaults."""
-        if self.beam.get("runner", "DirectRunner") in DIRECT_RUNNERS:
+        runner = self.beam.get("runner", "DirectRunner")
+        if runner in DIRECT_RUNNERS:
             return {**LOGGING_DEFAULTS, **DIRECT_DEFAULTS, **self.beam}
+        if runner_path(runner) == RUNNER_PATHS["daskrunner"] and "npartitions" not in self.beam:
+            return {**LOGGING_DEFAULTS, **DASK_DEFAULTS, **self.beam}
         return {**LOGGING_DEFAULTS, **self.beam}
+
+
+def runner_path(name: str) -> str:
+    """The name Beam's ``create_runner`` accepts for ``beam.runner``: a short name of one of
+    ``RUNNER_PATHS`` (``DaskRunner``, ``dask``; any case) becomes its full path, any other name
+    is left to Beam."""
+    key = name.lower()
+    return RUNNER_PATHS.get(key, RUNNER_PATHS.get(key + "runner", name))

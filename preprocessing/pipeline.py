@@ -30,7 +30,7 @@ import struct
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -43,7 +43,7 @@ from apache_beam.runners.runner import PipelineRunner, create_runner
 from common.config import ConfigError, to_dict
 from common.fast_exit import skip_final_collection
 from preprocessing.cleaning import clean_text
-from preprocessing.config import DIRECT_RUNNERS, PreprocessConfig
+from preprocessing.config import DIRECT_RUNNERS, RUNNER_NAMES, PreprocessConfig, runner_path
 from preprocessing.manifest import (
     MANIFEST,
     SPLITS,
@@ -73,7 +73,10 @@ from preprocessing.readers import ReadOptions, read_documents
 from preprocessing.shards import npy_bytes, write_atomic, write_shard
 
 log = logging.getLogger("preprocessing")
-COUNTS = "counts"
+# Every step has one output, whose elements are ``(kind, value)`` pairs; the consumers of one kind
+# pick it with ``of_kind``. Beam's tagged outputs (``with_outputs``) would be the textbook way, but
+# the DaskRunner hands *all* of a step's outputs to every consumer of any one tag.
+SPILL, COUNT, STREAM, SHARD, TOKENS = "spill", "count", "stream", "shard", "token_counts"
 PROGRESS_SECONDS = 30.0  # between a long file's progress lines: a line per interval suits cluster logs
 _LENGTH = struct.Struct("<I")
 
@@ -129,9 +132,15 @@ class FileProgress:
         )
 
 
+def of_kind(element: tuple[str, Any], kind: str) -> Iterator[Any]:
+    """The value of an element of the given kind (a FlatMap: nothing for other kinds)."""
+    if element[0] == kind:
+        yield element[1]
+
+
 class ReadAndClean(WorkerDoFn):
-    """Stage 1: an input file -> ``(bucket, (spill path, start byte, stop byte))`` references
-    (+ counters on the ``counts`` tag).
+    """Stage 1: an input file -> ``(SPILL, (bucket, (spill path, start byte, stop byte)))``
+    references, and ``(COUNT, (counter, n))``.
 
     Records are buffered per bucket and spilled every ``spill_bytes``, so a reader's memory is
     bounded however large its file; only the small references travel through the shuffle.
@@ -182,9 +191,9 @@ class ReadAndClean(WorkerDoFn):
         )
         for key, n in sorted(counts.items()):
             _count(key, n)
-            yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
+            yield COUNT, (key, n)
 
-    def _spill(self, buckets: dict[int, list[bytes]]) -> Iterator[tuple[int, tuple[str, int, int]]]:
+    def _spill(self, buckets: dict[int, list[bytes]]) -> Iterator[tuple[str, tuple[int, tuple[str, int, int]]]]:
         if not buckets:
             return
         path = work_path(self.plan, "spill", f"{uuid.uuid4().hex}.bin")
@@ -193,7 +202,7 @@ class ReadAndClean(WorkerDoFn):
             for bucket, records in sorted(buckets.items()):
                 data = b"".join(records)
                 handle.write(data)
-                yield bucket, (path, offset, offset + len(data))
+                yield SPILL, (bucket, (path, offset, offset + len(data)))
                 offset += len(data)
 
 
@@ -209,7 +218,8 @@ def parse_records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 class TokenizeBucket(WorkerDoFn):
-    """Stage 2: ``(bucket, spill ranges)`` -> ``(split, (bucket, n_tokens, stream path))``."""
+    """Stage 2: ``(bucket, spill ranges)`` -> ``(STREAM, (split, (bucket, n_tokens, stream path)))``
+    and ``(COUNT, (counter, n))``."""
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
@@ -221,9 +231,9 @@ class TokenizeBucket(WorkerDoFn):
         self.core = core_from_json(read_file(self.plan.tokenizer_file).decode("utf-8"))
         self.dtype = np.dtype(self.plan.dtype)
 
-    def process(self, element: tuple[int, list[tuple[str, int, int]]]) -> Iterator[Any]:
+    def process(self, element: tuple[int, Iterable[tuple[str, int, int]]]) -> Iterator[Any]:
         started = time.monotonic()
-        bucket, ranges = element
+        bucket, ranges = element[0], list(element[1])
         texts, duplicates = self._unique_texts(ranges)
         unique = sum(len(t) for t in texts.values())
         counts = Counter({"documents.dropped.duplicate": duplicates})
@@ -237,12 +247,12 @@ class TokenizeBucket(WorkerDoFn):
             path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
             with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
                 handle.write(stream.tobytes())
-            yield split, (bucket, len(stream), path)
+            yield STREAM, (split, (bucket, len(stream), path))
         counts["documents.kept"] = unique - counts["documents.dropped.no_tokens"]
         _count("tokens", tokens)
         for key, n in sorted(counts.items()):
             _count(key, n)
-            yield beam.pvalue.TaggedOutput(COUNTS, (key, n))
+            yield COUNT, (key, n)
         seconds = time.monotonic() - started
         million_chars = sum(len(t) for split_texts in texts.values() for t in split_texts) / 1e6
         log.debug(  # one line per bucket, hundreds in a real run: the split totals are logged at INFO
@@ -316,9 +326,8 @@ def read_slice(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
 
 
 class WriteShard(WorkerDoFn):
-    """Stage 4: a ShardTask -> ``(split, manifest entry)`` and, for train, its token counts."""
-
-    TOKEN_COUNTS = "token_counts"
+    """Stage 4: a ShardTask -> ``(SHARD, (split, manifest entry))`` and, for train,
+    ``(TOKENS, token counts)``."""
 
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
@@ -332,15 +341,15 @@ class WriteShard(WorkerDoFn):
         entry = write_shard(self.plan.output, task.split, task.index, sequences, self.plan.pad_id)
         _count(f"shards.{task.split}")
         _count(f"sequences.{task.split}", len(sequences))
-        yield task.split, entry
+        yield SHARD, (task.split, entry)
         if task.split == "train":
-            counts = token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
-            yield beam.pvalue.TaggedOutput(self.TOKEN_COUNTS, counts)
+            yield TOKENS, token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
         log.debug("shard %s: %d sequences in %.2fs", entry["path"], len(sequences), time.monotonic() - started)
 
 
 class SumArrays(beam.CombineFn):
-    """Element-wise sum of token-count vectors (zeros when the train split is empty)."""
+    """Element-wise sum of token-count vectors (none at all when the train split is empty: finalize
+    then writes zeros)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -362,15 +371,20 @@ class SumArrays(beam.CombineFn):
         return accumulator
 
 
-def finalize(
-    _: Any,
-    cfg: PreprocessConfig,
-    plan: RunPlan,
-    shards: list[tuple[str, dict[str, Any]]],
-    counts: dict[str, int],
-    token_counts: np.ndarray,
-) -> None:
-    """Write token_counts.npy, then publish manifest.json, then remove the work directory."""
+def finalize(element: tuple[str, Iterable[tuple[str, Any]]], cfg: PreprocessConfig, plan: RunPlan) -> None:
+    """Write token_counts.npy, then publish manifest.json, then remove the work directory.
+
+    ``element`` is the one group of every ``(SHARD, (split, entry))``, ``(COUNT, (counter,
+    total))`` and the ``(TOKENS, summed token counts)`` (absent when the train split is empty)."""
+    shards, counts = [], {}
+    token_counts = np.zeros(plan.identity["vocab_size"], dtype=np.int64)
+    for kind, value in element[1]:
+        if kind == SHARD:
+            shards.append(value)
+        elif kind == COUNT:
+            counts[value[0]] = value[1]
+        else:
+            token_counts = value
     write_atomic(FileSystems.join(plan.output, TOKEN_COUNTS), npy_bytes(token_counts))
     manifest = build_manifest(plan.identity, cfg.max_seq_len, plan.dtype, shards, counts, to_dict(cfg))
     write_manifest(plan.output, manifest)
@@ -390,39 +404,47 @@ def delete_tree(path: str) -> None:
 
 
 def build_pipeline(pipeline: beam.Pipeline, cfg: PreprocessConfig, plan: RunPlan) -> None:
+    """The graph, in transforms every Beam runner implements: ParDo/Map/FlatMap with one output,
+    GroupByKey, CombinePerKey, Flatten and Reshuffle; no tagged outputs and no side inputs (the
+    DaskRunner mixes the former, and computes the latter apart from the graph it runs)."""
     read = (
         pipeline
         | "InputFiles" >> beam.Create(plan.files)  # Create reshuffles: files spread over workers
-        | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan)).with_outputs(COUNTS, main="spills")
+        | "ReadAndClean" >> beam.ParDo(ReadAndClean(cfg, plan))
     )
     tokenized = (
-        read.spills
+        read
+        | "Spills" >> beam.FlatMap(of_kind, SPILL)
         | "GroupSpills" >> beam.GroupByKey()
-        | "TokenizeBucket" >> beam.ParDo(TokenizeBucket(cfg, plan)).with_outputs(COUNTS, main="streams")
+        | "TokenizeBucket" >> beam.ParDo(TokenizeBucket(cfg, plan))
     )
     written = (
-        tokenized.streams
+        tokenized
+        | "Streams" >> beam.FlatMap(of_kind, STREAM)
         | "GroupStreams" >> beam.GroupByKey()
         | "PlanShards" >> beam.FlatMap(plan_split, cfg, plan)
         | "SpreadShards" >> beam.Reshuffle()
-        | "WriteShard" >> beam.ParDo(WriteShard(cfg, plan)).with_outputs(WriteShard.TOKEN_COUNTS, main="entries")
+        | "WriteShard" >> beam.ParDo(WriteShard(cfg, plan))
     )
-    token_counts = written.token_counts | "SumTokenCounts" >> beam.CombineGlobally(
-        SumArrays(plan.identity["vocab_size"])
+    shards = written | "Shards" >> beam.Filter(lambda element: element[0] == SHARD)
+    token_counts = (
+        written
+        | "TokenCounts" >> beam.Filter(lambda element: element[0] == TOKENS)
+        | "SumTokenCounts" >> beam.CombinePerKey(SumArrays(plan.identity["vocab_size"]))
     )
-    counts = (read.counts, tokenized.counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum)
+    counts = (
+        (read, tokenized)
+        | "AllCounts" >> beam.Flatten()
+        | "Counts" >> beam.FlatMap(of_kind, COUNT)
+        | "SumCounts" >> beam.CombinePerKey(sum)
+        | "TagCounts" >> beam.Map(lambda counter_total: (COUNT, counter_total))
+    )
     _ = (
-        pipeline
-        | "Finish" >> beam.Create([None])
-        | "Finalize"
-        >> beam.Map(
-            finalize,
-            cfg,
-            plan,
-            shards=beam.pvalue.AsList(written.entries),
-            counts=beam.pvalue.AsDict(counts),
-            token_counts=beam.pvalue.AsSingleton(token_counts),
-        )
+        (shards, counts, token_counts)
+        | "Results" >> beam.Flatten()
+        | "OneGroup" >> beam.Map(lambda element: ("dataset", element))
+        | "GatherResults" >> beam.GroupByKey()
+        | "Finalize" >> beam.Map(finalize, cfg, plan)
     )
 
 
@@ -436,7 +458,8 @@ def make_runner(options: PipelineOptions) -> PipelineRunner:
     """The runner ``beam.runner`` names; for the DirectRunner, the FnApiRunner it falls back to.
 
     An unknown name is a ConfigError naming the valid ones (Beam's own message), raised before
-    anything is written.
+    anything is written. Creating the runner imports its module, which registers its pipeline
+    options (the DaskRunner's ``address``) before :func:`preflight` checks the option names.
 
     Beam's DirectRunner first tries the Prism runner, a binary it downloads at run time:
     offline that is a failed download on every run, online a silent change of runner. The
@@ -445,9 +468,9 @@ def make_runner(options: PipelineOptions) -> PipelineRunner:
     name = options.view_as(StandardOptions).runner
     if name not in DIRECT_RUNNERS:
         try:
-            return create_runner(name)
+            return create_runner(runner_path(name))
         except ValueError as err:  # "Unexpected pipeline runner: X. Valid values are ..."
-            raise ConfigError(f"beam.runner: {err}") from None
+            raise ConfigError(f"beam.runner: {err} This tool also knows {', '.join(RUNNER_NAMES)}.") from None
         except ImportError as err:  # a known runner whose extra is not installed, e.g. apache-beam[gcp]
             raise ConfigError(f"beam.runner: {name} cannot be loaded: {err}") from None
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -465,6 +488,9 @@ def run(cfg: PreprocessConfig) -> dict[str, Any]:
     """Validate, run the pipeline to completion, print the summary; returns the manifest."""
     options = PipelineOptions(flags=[], **cfg.beam_options())
     runner = make_runner(options)
+    # Before preflight's first look at the output: a filesystem reads its settings from the options
+    # (s3_endpoint_url, credentials), which beam.Pipeline would only hand it later.
+    FileSystems.set_options(options)
     plan, tokenizer_json = preflight(cfg)
     clear_previous(plan.output)
     write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))

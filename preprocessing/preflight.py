@@ -86,7 +86,7 @@ def check_output(output: str, overwrite: bool) -> None:
     probe = FileSystems.join(output, f".write-probe-{uuid.uuid4().hex}")
     try:
         with FileSystems.create(probe) as handle:
-            handle.write(b"")
+            handle.write(b"probe")  # not empty: an object store refuses an upload of no parts
         FileSystems.delete([probe])
     except (BeamIOError, OSError) as err:
         raise ConfigError(f"output: cannot write to {output!r}: {err}") from None

@@ -15,7 +15,7 @@ from common.config import load_config
 from preprocessing.__main__ import main
 from preprocessing.config import PreprocessConfig
 from preprocessing.pipeline import make_runner
-from preprocessing.preflight import resolve_inputs
+from preprocessing.preflight import check_beam_options, resolve_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,5 +125,18 @@ def test_inputs_are_dealt_largest_first(tmp_path):
 def test_an_unknown_runner_is_one_line_naming_the_valid_ones(capsys, good_args, tmp_path):
     err = cli_error(capsys, {**good_args, "beam.runner": "DirectRuner"})
     assert err.startswith("error: beam.runner: Unexpected pipeline runner: DirectRuner")
-    assert "DirectRunner" in err and "DataflowRunner" in err and "FlinkRunner" in err
+    assert "DirectRunner" in err and "DataflowRunner" in err and "FlinkRunner" in err and "DaskRunner" in err
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("name", ["DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner"])
+def test_the_dask_runner_is_chosen_by_name_with_its_options(name):
+    """Beam knows the DaskRunner only by its full path, and its options (``address``) only once
+    its module is imported: choosing it by any name registers them. (The run itself is tested
+    on a real cluster in test_preprocess_dask.py.)"""
+    cfg = load_config(PreprocessConfig, overrides=["input=[a.txt]", "tokenizer=t", "output=o", f"beam.runner={name}"])
+    cfg.beam["address"] = "tcp://127.0.0.1:8786"
+    options = PipelineOptions(flags=[], **cfg.beam_options())
+    assert type(make_runner(options)).__name__ == "DaskRunner"
+    check_beam_options(cfg.beam_options())  # address is now a known option
+    assert cfg.beam_options()["partition_size"] == 1  # one dask.bag partition per input file
