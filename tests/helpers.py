@@ -6,10 +6,18 @@ A plain module (not a conftest) so that tests can import it unambiguously: ``fro
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the system picked it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def minilm_dir() -> Path:

@@ -54,20 +54,27 @@ def start(
     return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides)
 
 
-def launch(config: str, output_dir: Path, *overrides: str) -> subprocess.Popen:
+def launch(
+    config: str, output_dir: Path, *overrides: str, launcher: tuple[str, ...] = ("--num_gpus", "2"), log_name: str = ""
+) -> subprocess.Popen:
     """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` in the background,
-    with no ``--master_port``, as a user types it: the run picks its own port."""
-    cmd = [str(DEEPSPEED), "--num_gpus", "2", "launch/run.sh"]
+    with no ``--master_port``, as a user types it: the run picks its own port. ``launcher`` replaces the
+    launcher's own arguments; the console goes to ``OUTPUT_DIR.log`` (``OUTPUT_DIR.LOG_NAME.log``)."""
+    cmd = [str(DEEPSPEED), *launcher, "launch/run.sh"]
     cmd += [config, f"output_dir={output_dir}", *TEST_SETTINGS, *overrides]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output_dir.mkdir(parents=True, exist_ok=True)
-    log = (output_dir.parent / f"{output_dir.name}.log").open("a")
+    log = console_log(output_dir, log_name).open("a")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def finish(proc: subprocess.Popen, output_dir: Path) -> None:
+def console_log(output_dir: Path, log_name: str = "") -> Path:
+    return output_dir.parent / ".".join(filter(None, (output_dir.name, log_name, "log")))
+
+
+def finish(proc: subprocess.Popen, output_dir: Path, log_name: str = "") -> None:
     rc = proc.wait(timeout=RUN_TIMEOUT)
-    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
+    log = console_log(output_dir, log_name).read_text()
     assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
 
 
@@ -196,6 +203,38 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     out = tmp_path / "run"
     kill_and_resume(lambda: start(tiny_teacher_dir, tiny_dataset_dir, out), out)
     # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
+    assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
+
+
+def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
+) -> None:
+    """Two launcher invocations acting as two machines of one CPU rank each, as a cluster without
+    passwordless ssh starts them: the same hostfile, ``--no_ssh``, each its ``--node_rank``, the first
+    node's address and an explicit port. They form one world of two ranks (not two runs of one: the
+    free-port rendezvous of a one-node launch must stand aside) whose losses are the one-node run's."""
+    from helpers import free_port
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    out = tmp_path / "run"
+    first_node = ("--master_addr=127.0.0.1", f"--master_port={free_port()}")
+    nodes = [
+        launch(
+            "configs/tiny-cpu.yaml",
+            out,
+            f"teacher={tiny_teacher_dir}",
+            f"data={tiny_dataset_dir}",
+            launcher=("--hostfile", str(hostfile), "--no_ssh", f"--node_rank={node}", *first_node),
+            log_name=f"node{node}",
+        )
+        for node in (0, 1)
+    ]
+    for node, proc in enumerate(nodes):
+        finish(proc, out, f"node{node}")
+        log = console_log(out, f"node{node}").read_text()
+        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
     assert train_losses(out) == train_losses(reference_run)
     check_student(out / "student")
 
