@@ -12,6 +12,7 @@ serves as the teacher of a distillation run.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -23,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -30,6 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.commands.export import load_student
+from trainer.runtime.data import SAMPLE_TRACE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -48,21 +51,28 @@ RUN_TIMEOUT = 300
 
 
 def start(
-    teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml"
+    teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml", **how: Any
 ) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
-    return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides)
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background (``how``: see
+    :func:`launch`)."""
+    return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides, **how)
 
 
 def launch(
-    config: str, output_dir: Path, *overrides: str, launcher: tuple[str, ...] = ("--num_gpus", "2"), log_name: str = ""
+    config: str,
+    output_dir: Path,
+    *overrides: str,
+    launcher: tuple[str, ...] = ("--num_gpus", "2"),
+    log_name: str = "",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` in the background,
     with no ``--master_port``, as a user types it: the run picks its own port. ``launcher`` replaces the
-    launcher's own arguments; the console goes to ``OUTPUT_DIR.log`` (``OUTPUT_DIR.LOG_NAME.log``)."""
+    launcher's own arguments, ``env`` adds to the environment; the console goes to ``OUTPUT_DIR.log``
+    (``OUTPUT_DIR.LOG_NAME.log``)."""
     cmd = [str(DEEPSPEED), *launcher, "launch/run.sh"]
     cmd += [config, f"output_dir={output_dir}", *TEST_SETTINGS, *overrides]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     output_dir.mkdir(parents=True, exist_ok=True)
     log = console_log(output_dir, log_name).open("a")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -101,7 +111,20 @@ def latest_step(output_dir: Path) -> int | None:
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
-    return run(tiny_teacher_dir, tiny_dataset_dir, tmp_path_factory.mktemp("zero2") / "run")
+    """Also traces the sample keys every rank consumed, into ``samples/`` beside the output directory."""
+    out = tmp_path_factory.mktemp("zero2") / "run"
+    finish(start(tiny_teacher_dir, tiny_dataset_dir, out, env={SAMPLE_TRACE_ENV: str(out.parent / "samples")}), out)
+    return out
+
+
+def consumed_samples(trace: Path, steps_per_rank: int | None = None) -> collections.Counter[str]:
+    """The keys of the samples the ranks consumed (``ENCODER_DISTILL_SAMPLE_TRACE``), in the first
+    ``steps_per_rank`` micro-batches of each rank's trace if given."""
+    keys: collections.Counter[str] = collections.Counter()
+    for path in trace.glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines()[:steps_per_rank]:
+            keys.update(json.loads(line)["keys"])
+    return keys
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +260,51 @@ def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
         assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
     assert train_losses(out) == train_losses(reference_run)
     check_student(out / "student")
+
+
+OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_position(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, stage: int
+) -> None:
+    """ZeRO-``stage``: 3 steps on 2 ranks, 3 more on 1 (from a checkpoint of 2), 3 more on 2 (from a
+    checkpoint of 1), each launch resuming through the universal checkpoint. Adam's state comes along
+    each time (the same step count and moment norms after the load as at the save, and 9 steps at the
+    end), and the three launches together consume exactly the samples of the reference run's first 9
+    steps: within the epoch no sample is skipped or seen twice across either change."""
+    out, trace = tmp_path / "run", tmp_path / "samples"
+    zero = f"deepspeed.config=configs/deepspeed/zero{stage}.json"
+    for ranks, max_steps in ((2, 3), (1, 6), (2, 9)):
+        proc = start(
+            tiny_teacher_dir,
+            tiny_dataset_dir,
+            out,
+            zero,
+            f"max_steps={max_steps}",
+            launcher=("--num_gpus", str(ranks)),
+            env={SAMPLE_TRACE_ENV: str(trace)},
+        )
+        finish(proc, out)
+
+    log = console_log(out).read_text()
+    assert "saved by 2 rank(s), this launch has 1: loading its universal form" in log
+    assert "saved by 1 rank(s), this launch has 2: loading its universal form" in log
+    saved = {m[0]: m[1:] for m in re.findall(rf"saved checkpoint \S+/step-0*(\d+): {OPTIMIZER_LINE}", log)}
+    resumed = {m[0]: m[1:] for m in re.findall(rf"resumed from step (\d+) in \S+: {OPTIMIZER_LINE}", log)}
+    assert sorted(resumed, key=int) == ["3", "6"]
+    for step, (adam_step, exp_avg, exp_avg_sq) in resumed.items():
+        assert adam_step == step == saved[step][0]
+        assert float(exp_avg) == pytest.approx(float(saved[step][1]), rel=1e-6) and float(exp_avg) > 0
+        assert float(exp_avg_sq) == pytest.approx(float(saved[step][2]), rel=1e-6)
+    assert saved["9"][0] == "9"  # the resumed optimizer kept counting from the loaded step
+
+    assert sorted(train_losses(out)) == list(range(1, 10))
+    assert all(math.isfinite(v) for step in train_losses(out).values() for v in step.values())
+    # 9 steps of 8 samples; the reference's 2 ranks take 2 micro-batches each per step.
+    assert consumed_samples(trace) == consumed_samples(reference_run.parent / "samples", 9 * 2)
+    assert sum(consumed_samples(trace).values()) == 9 * 8
 
 
 def kill_and_resume(launch_run: Callable[[], subprocess.Popen], out: Path) -> None:
