@@ -85,6 +85,15 @@ def test_resume_replays_the_exact_batch_sequence_across_epochs(tiny_dataset_dir:
                 assert torch.equal(next(resumed)["input_ids"], expected)
 
 
+def test_a_data_state_from_before_streams_resumes_where_it_stopped(tiny_dataset_dir: Path) -> None:
+    """Checkpoints written before streams recorded micro-batches per rank; each (rank, worker) was a stream."""
+    full = loader(tiny_dataset_dir, 1)
+    uninterrupted = [next(full)["keys"] for _ in range(50)]
+    legacy = {"micro_batches": 37, "world_size": 2, "num_workers": 2, "micro_batch_size": 4, "seed": 7}
+    resumed = loader(tiny_dataset_dir, 1, state=legacy)
+    assert [next(resumed)["keys"] for _ in range(13)] == uninterrupted[37:]
+
+
 def consume(loaders: list[TrainLoader], micro_batches: int) -> tuple[list[str], dict]:
     """``micro_batches`` from every rank's loader: the sample keys taken, and the data state the ranks
     would gather into a checkpoint."""
