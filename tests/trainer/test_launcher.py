@@ -296,8 +296,8 @@ def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_po
     assert sorted(resumed, key=int) == ["3", "6"]
     for step, (adam_step, exp_avg, exp_avg_sq) in resumed.items():
         assert adam_step == step == saved[step][0]
-        assert float(exp_avg) == pytest.approx(float(saved[step][1]), rel=1e-6) and float(exp_avg) > 0
-        assert float(exp_avg_sq) == pytest.approx(float(saved[step][2]), rel=1e-6)
+        assert float(exp_avg) == pytest.approx(float(saved[step][1]), rel=1e-5) and float(exp_avg) > 0
+        assert float(exp_avg_sq) == pytest.approx(float(saved[step][2]), rel=1e-5)
     assert saved["9"][0] == "9"  # the resumed optimizer kept counting from the loaded step
 
     assert sorted(train_losses(out)) == list(range(1, 10))
