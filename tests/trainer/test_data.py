@@ -62,7 +62,7 @@ def loader(dataset_dir: Path, rank: int, state: dict | None = None, workers: int
         micro_batch_size=4,
         rank=rank,
         world_size=2,
-        loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32),
+        loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=None),
         seed=7,
         state=state,
     )
@@ -102,14 +102,14 @@ def consume(loaders: list[TrainLoader], micro_batches: int) -> tuple[list[str], 
     return keys, {**loaders[0].state(), "positions": positions}
 
 
-def ranks(dataset_dir: Path, world_size: int, state: dict | None = None, workers: int = 1, **loader_cfg: int):
+def ranks(dataset_dir: Path, world_size: int, state: dict | None = None, workers: int = 1, streams: int | None = None):
     return [
         TrainLoader(
             open_dataset(dataset_dir),
             micro_batch_size=2,
             rank=rank,
             world_size=world_size,
-            loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, **loader_cfg),
+            loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=streams),
             seed=7,
             state=state,
         )
@@ -123,9 +123,8 @@ def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_sample(
 ) -> None:
     """Global batches of 8: 8 steps on ``before`` ranks, then 8 on ``after``, consume exactly the samples of
     16 uninterrupted steps (the streams' first 32 samples each, within their first epoch)."""
-    streams = {"streams": 4}
-    uninterrupted, _ = consume(ranks(tiny_dataset_dir, before, **streams), 16 * 4 // before)
-    first, state = consume(ranks(tiny_dataset_dir, before, **streams), 8 * 4 // before)
+    uninterrupted, _ = consume(ranks(tiny_dataset_dir, before, streams=4), 16 * 4 // before)
+    first, state = consume(ranks(tiny_dataset_dir, before, streams=4), 8 * 4 // before)
     assert sorted(state["positions"].values()) == [16] * 4
     second, state = consume(ranks(tiny_dataset_dir, after, state, workers=2), 8 * 4 // after)
     assert sorted(first + second) == sorted(uninterrupted)

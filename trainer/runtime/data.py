@@ -256,7 +256,7 @@ class TrainLoader:
     ) -> None:
         state = None if state is None else upgrade_state(state)
         if state is None:
-            num_streams = getattr(loader_cfg, "streams", None) or world_size * max(1, loader_cfg.num_workers)
+            num_streams = loader_cfg.streams or world_size * max(1, loader_cfg.num_workers)
             positions = dict.fromkeys(range(num_streams), 0)
         else:
             num_streams, positions = int(state["streams"]), {int(k): int(p) for k, p in state["positions"].items()}
@@ -265,7 +265,7 @@ class TrainLoader:
                 for key, value in (("seed", seed), ("shuffle_buffer", loader_cfg.shuffle_buffer))
                 if state.get(key) not in (None, value)  # None: not recorded (an older checkpoint)
             }
-            if getattr(loader_cfg, "streams", None) not in (None, num_streams):
+            if loader_cfg.streams not in (None, num_streams):
                 changed["streams"] = (num_streams, loader_cfg.streams)
             if changed:
                 log.warning(
