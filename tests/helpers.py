@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the system picked it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def minilm_dir() -> Path:
@@ -103,24 +111,39 @@ TINY_DATASET_SETTINGS: dict[str, object] = {
 
 # ------------------------------------------------------------------ runs of the real deepspeed launcher
 def launch_run(
-    config: str, output_dir: Path, *overrides: str, num_gpus: int = 2, accelerator: str = "cpu"
+    config: str,
+    output_dir: Path,
+    *overrides: str,
+    num_gpus: int = 2,
+    accelerator: str = "cpu",
+    launcher: tuple[str, ...] | None = None,
+    log_name: str = "",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """``deepspeed --num_gpus N launch/run.sh CONFIG output_dir=DIR ...`` in the background, logging to
-    ``DIR.log``, with no ``--master_port``, as a user types it: the run picks its own port."""
+    """``deepspeed --num_gpus N launch/run.sh CONFIG output_dir=DIR ...`` in the background, with no
+    ``--master_port``, as a user types it: the run picks its own port. ``launcher`` replaces the
+    launcher's own arguments (``--num_gpus N``), ``env`` adds to the environment; the console goes to
+    :func:`console_log`."""
     deepspeed = Path(sys.executable).parent / "deepspeed"
     if not deepspeed.exists():  # installed with `pip --target` (the GPU campaign): on the PATH
         deepspeed = Path("deepspeed")
-    cmd = [str(deepspeed), "--num_gpus", str(num_gpus), "launch/run.sh", config, f"output_dir={output_dir}"]
-    env = {**os.environ, "DS_ACCELERATOR": accelerator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    launcher = launcher or ("--num_gpus", str(num_gpus))
+    cmd = [str(deepspeed), *launcher, "launch/run.sh", config, f"output_dir={output_dir}"]
+    env = {**os.environ, "DS_ACCELERATOR": accelerator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     output_dir.mkdir(parents=True, exist_ok=True)
-    log = (output_dir.parent / f"{output_dir.name}.log").open("a")
+    log = console_log(output_dir, log_name).open("a")
     return subprocess.Popen([*cmd, *overrides], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def finish_run(proc: subprocess.Popen, output_dir: Path, timeout: float) -> None:
+def console_log(output_dir: Path, log_name: str = "") -> Path:
+    """A launched run's console: ``DIR.log``, or ``DIR.LOG_NAME.log``."""
+    return output_dir.parent / ".".join(filter(None, (output_dir.name, log_name, "log")))
+
+
+def finish_run(proc: subprocess.Popen, output_dir: Path, timeout: float, log_name: str = "") -> None:
     """Wait for a launched run; fail with the end of its log unless it exited 0."""
     rc = proc.wait(timeout=timeout)
-    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
+    log = console_log(output_dir, log_name).read_text()
     assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
 
 

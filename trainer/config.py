@@ -180,10 +180,14 @@ class MaskingConfig:
 class LoaderConfig:
     shuffle_buffer: int = 10_000
     num_workers: int = 2
+    # The independent sample streams the data order is made of (runtime/data.py); None: world size x
+    # num_workers of the run's first launch. A run resumes on at most this many ranks.
+    streams: int | None = None
 
     def validate(self) -> None:
         require(self.shuffle_buffer >= 1, "loader.shuffle_buffer", "must be >= 1")
         require(self.num_workers >= 0, "loader.num_workers", "must be >= 0")
+        require(self.streams is None or self.streams >= 1, "loader.streams", "must be >= 1 (or null)")
 
 
 @dataclasses.dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset
+from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset, free_port
 
 pytestmark = pytest.mark.integration
 DASK = str(Path(sys.executable).with_name("dask"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from common.config import ConfigError
 from trainer.commands.export import resolve_checkpoint, save_student
-from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, tag_for
+from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
 from trainer.runtime.metrics import truncate_after
 
 
@@ -46,6 +46,20 @@ def test_latest_tag_requires_the_file_and_the_directory(tmp_path: Path) -> None:
     assert latest_tag(tmp_path) is None  # `latest` names a checkpoint that is gone
     make_checkpoints(tmp_path, [20], latest=20)
     assert latest_tag(tmp_path) == tag_for(20)
+
+
+def test_saved_world_size_counts_the_optimizer_partitions(tmp_path: Path) -> None:
+    """One ZeRO optimizer partition per rank that saved (``bf16_``-prefixed under DeepSpeed's BF16 optimizer);
+    the model-state files of ZeRO-3 and the universal form beside them do not count."""
+    for name in ("zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        (tmp_path / name).touch()
+    (tmp_path / "universal").mkdir()
+    assert saved_world_size(tmp_path) == 1
+    (tmp_path / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").touch()
+    assert saved_world_size(tmp_path) == 2
+    (tmp_path / "zero_pp_rank_3_mp_rank_00_optim_states.pt").touch()  # rank 2's partition is missing
+    with pytest.raises(RuntimeError, match=r"partitions of ranks 0\.\.N-1, found \{0, 1, 3\}"):
+        saved_world_size(tmp_path)
 
 
 def test_resolve_checkpoint_accepts_output_dir_checkpoints_dir_or_one_checkpoint(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def loader(dataset_dir: Path, rank: int, state: dict | None = None, workers: int
         micro_batch_size=4,
         rank=rank,
         world_size=2,
-        loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32),
+        loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=None),
         seed=7,
         state=state,
     )
@@ -75,7 +75,7 @@ def test_resume_replays_the_exact_batch_sequence_across_epochs(tiny_dataset_dir:
     for rank in (0, 1):
         full = loader(tiny_dataset_dir, rank, workers=workers)
         uninterrupted = [next(full)["input_ids"] for _ in range(160)]
-        assert full.state()["micro_batches"] == 160
+        assert sum(full.state()["positions"].values()) == 160 * 4
         for stop in (1, 37, 150):
             interrupted = loader(tiny_dataset_dir, rank, workers=workers)
             for _ in range(stop):
@@ -83,6 +83,59 @@ def test_resume_replays_the_exact_batch_sequence_across_epochs(tiny_dataset_dir:
             resumed = loader(tiny_dataset_dir, rank, state=interrupted.state(), workers=workers)
             for expected in uninterrupted[stop:]:
                 assert torch.equal(next(resumed)["input_ids"], expected)
+
+
+def test_a_data_state_from_before_streams_resumes_where_it_stopped(tiny_dataset_dir: Path) -> None:
+    """Checkpoints written before streams recorded micro-batches per rank; each (rank, worker) was a stream."""
+    full = loader(tiny_dataset_dir, 1)
+    uninterrupted = [next(full)["keys"] for _ in range(50)]
+    legacy = {"micro_batches": 37, "world_size": 2, "num_workers": 2, "micro_batch_size": 4, "seed": 7}
+    resumed = loader(tiny_dataset_dir, 1, state=legacy)
+    assert [next(resumed)["keys"] for _ in range(13)] == uninterrupted[37:]
+
+
+def consume(loaders: list[TrainLoader], micro_batches: int) -> tuple[list[str], dict]:
+    """``micro_batches`` from every rank's loader: the sample keys taken, and the data state the ranks
+    would gather into a checkpoint."""
+    keys = [key for lo in loaders for _ in range(micro_batches) for key in next(lo)["keys"]]
+    positions = {k: p for lo in loaders for k, p in lo.state()["positions"].items()}
+    return keys, {**loaders[0].state(), "positions": positions}
+
+
+def ranks(dataset_dir: Path, world_size: int, state: dict | None = None, workers: int = 1, streams: int | None = None):
+    return [
+        TrainLoader(
+            open_dataset(dataset_dir),
+            micro_batch_size=2,
+            rank=rank,
+            world_size=world_size,
+            loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=streams),
+            seed=7,
+            state=state,
+        )
+        for rank in range(world_size)
+    ]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (4, 2)])
+def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_sample(
+    tiny_dataset_dir: Path, before: int, after: int
+) -> None:
+    """Global batches of 8: 8 steps on ``before`` ranks, then 8 on ``after``, consume exactly the samples of
+    16 uninterrupted steps (the streams' first 32 samples each, within their first epoch)."""
+    uninterrupted, _ = consume(ranks(tiny_dataset_dir, before, streams=4), 16 * 4 // before)
+    first, state = consume(ranks(tiny_dataset_dir, before, streams=4), 8 * 4 // before)
+    assert sorted(state["positions"].values()) == [16] * 4
+    second, state = consume(ranks(tiny_dataset_dir, after, state, workers=2), 8 * 4 // after)
+    assert sorted(first + second) == sorted(uninterrupted)
+    assert len(set(uninterrupted)) == 16 * 8
+    assert sum(state["positions"].values()) == 16 * 8
+
+
+def test_more_ranks_than_streams_is_a_clear_error(tiny_dataset_dir: Path) -> None:
+    _, state = consume(ranks(tiny_dataset_dir, 1), 1)
+    with pytest.raises(ConfigError, match=r"^loader\.streams: .* 1 streams, fewer than its 2 ranks"):
+        ranks(tiny_dataset_dir, 2, state)
 
 
 def test_batches_are_int64_sequences_of_the_manifest_length(tiny_dataset_dir: Path) -> None:
@@ -99,8 +152,8 @@ def test_ranks_see_different_samples(tiny_dataset_dir: Path) -> None:
 def test_fewer_samples_than_slots_is_a_clear_error(tiny_dataset_dir: Path) -> None:
     tiny = open_dataset(tiny_dataset_dir).shards("train")[:1]
     tiny = [type(tiny[0])(tiny[0].path, 3)]
-    with pytest.raises(ConfigError, match=r"fewer than ranks x loader\.num_workers"):
-        TrainStream(tiny, micro_batch_size=1, rank=0, world_size=2, num_workers=2, seed=0, shuffle_buffer=1)
+    with pytest.raises(ConfigError, match=r"fewer than its 4 streams"):
+        TrainStream(tiny, micro_batch_size=1, positions={0: 0}, num_streams=4, num_workers=2, seed=0, shuffle_buffer=1)
 
 
 def test_valid_batches_are_split_evenly_over_ranks(tiny_dataset_dir: Path) -> None:

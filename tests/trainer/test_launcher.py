@@ -12,7 +12,9 @@ serves as the teacher of a distillation run.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import json
 import math
 import os
 import re
@@ -21,15 +23,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from helpers import finish_run, latest_step, launch_run, records
+from helpers import console_log, finish_run, latest_step, launch_run, records
 from helpers import kill_and_resume as kill_rank_and_resume
 from helpers import train_losses as losses_of
 from safetensors.torch import load_file
 
 from trainer.commands.export import load_student
+from trainer.runtime.data import SAMPLE_TRACE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -47,19 +51,21 @@ RUN_TIMEOUT = 300
 
 
 def start(
-    teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml"
+    teacher: Path, data: Path, output_dir: Path, *overrides: str, config: str = "configs/tiny-cpu.yaml", **how: Any
 ) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background."""
-    return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides)
+    """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` in the background (``how``: see
+    :func:`launch`)."""
+    return launch(config, output_dir, f"teacher={teacher}", f"data={data}", *overrides, **how)
 
 
-def launch(config: str, output_dir: Path, *overrides: str) -> subprocess.Popen:
-    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` on two CPU ranks."""
-    return launch_run(config, output_dir, *TEST_SETTINGS, *overrides)
+def launch(config: str, output_dir: Path, *overrides: str, **how: Any) -> subprocess.Popen:
+    """``deepspeed --num_gpus 2 launch/run.sh CONFIG output_dir=... TEST_SETTINGS ...`` on two CPU ranks
+    (``how``: the launcher's arguments, a log name, environment; see :func:`helpers.launch_run`)."""
+    return launch_run(config, output_dir, *TEST_SETTINGS, *overrides, **how)
 
 
-def finish(proc: subprocess.Popen, output_dir: Path) -> None:
-    finish_run(proc, output_dir, RUN_TIMEOUT)
+def finish(proc: subprocess.Popen, output_dir: Path, log_name: str = "") -> None:
+    finish_run(proc, output_dir, RUN_TIMEOUT, log_name)
 
 
 def run(teacher: Path, data: Path, output_dir: Path, *overrides: str) -> Path:
@@ -73,7 +79,20 @@ def train_losses(output_dir: Path, keys: tuple[str, ...] = LOSS_KEYS) -> dict[in
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
-    return run(tiny_teacher_dir, tiny_dataset_dir, tmp_path_factory.mktemp("zero2") / "run")
+    """Also traces the sample keys every rank consumed, into ``samples/`` beside the output directory."""
+    out = tmp_path_factory.mktemp("zero2") / "run"
+    finish(start(tiny_teacher_dir, tiny_dataset_dir, out, env={SAMPLE_TRACE_ENV: str(out.parent / "samples")}), out)
+    return out
+
+
+def consumed_samples(trace: Path, steps_per_rank: int | None = None) -> collections.Counter[str]:
+    """The keys of the samples the ranks consumed (``ENCODER_DISTILL_SAMPLE_TRACE``), in the first
+    ``steps_per_rank`` micro-batches of each rank's trace if given."""
+    keys: collections.Counter[str] = collections.Counter()
+    for path in trace.glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines()[:steps_per_rank]:
+            keys.update(json.loads(line)["keys"])
+    return keys
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +198,83 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     # Same steps, same samples, same masks, same dropout: the losses are bit-identical.
     assert train_losses(out) == train_losses(reference_run)
     check_student(out / "student")
+
+
+def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
+) -> None:
+    """Two launcher invocations acting as two machines of one CPU rank each, as a cluster without
+    passwordless ssh starts them: the same hostfile, ``--no_ssh``, each its ``--node_rank``, the first
+    node's address and an explicit port. They form one world of two ranks (not two runs of one: the
+    free-port rendezvous of a one-node launch must stand aside) whose losses are the one-node run's."""
+    from helpers import free_port
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    out = tmp_path / "run"
+    first_node = ("--master_addr=127.0.0.1", f"--master_port={free_port()}")
+    nodes = [
+        launch(
+            "configs/tiny-cpu.yaml",
+            out,
+            f"teacher={tiny_teacher_dir}",
+            f"data={tiny_dataset_dir}",
+            launcher=("--hostfile", str(hostfile), "--no_ssh", f"--node_rank={node}", *first_node),
+            log_name=f"node{node}",
+        )
+        for node in (0, 1)
+    ]
+    for node, proc in enumerate(nodes):
+        finish(proc, out, f"node{node}")
+        log = console_log(out, f"node{node}").read_text()
+        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
+    assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
+
+
+OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_position(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, stage: int
+) -> None:
+    """ZeRO-``stage``: 3 steps on 2 ranks, 3 more on 1 (from a checkpoint of 2), 3 more on 2 (from a
+    checkpoint of 1), each launch resuming through the universal checkpoint. Adam's state comes along
+    each time (the same step count and moment norms after the load as at the save, and 9 steps at the
+    end), and the three launches together consume exactly the samples of the reference run's first 9
+    steps: within the epoch no sample is skipped or seen twice across either change."""
+    out, trace = tmp_path / "run", tmp_path / "samples"
+    zero = f"deepspeed.config=configs/deepspeed/zero{stage}.json"
+    for ranks, max_steps in ((2, 3), (1, 6), (2, 9)):
+        proc = start(
+            tiny_teacher_dir,
+            tiny_dataset_dir,
+            out,
+            zero,
+            f"max_steps={max_steps}",
+            launcher=("--num_gpus", str(ranks)),
+            env={SAMPLE_TRACE_ENV: str(trace)},
+        )
+        finish(proc, out)
+
+    log = console_log(out).read_text()
+    assert "saved by 2 rank(s), this launch has 1: loading its universal form" in log
+    assert "saved by 1 rank(s), this launch has 2: loading its universal form" in log
+    saved = {m[0]: m[1:] for m in re.findall(rf"saved checkpoint \S+/step-0*(\d+): {OPTIMIZER_LINE}", log)}
+    resumed = {m[0]: m[1:] for m in re.findall(rf"resumed from step (\d+) in \S+: {OPTIMIZER_LINE}", log)}
+    assert sorted(resumed, key=int) == ["3", "6"]
+    for step, (adam_step, exp_avg, exp_avg_sq) in resumed.items():
+        assert adam_step == step == saved[step][0]
+        assert float(exp_avg) == pytest.approx(float(saved[step][1]), rel=1e-5) and float(exp_avg) > 0
+        assert float(exp_avg_sq) == pytest.approx(float(saved[step][2]), rel=1e-5)
+    assert saved["9"][0] == "9"  # the resumed optimizer kept counting from the loaded step
+
+    assert sorted(train_losses(out)) == list(range(1, 10))
+    assert all(math.isfinite(v) for step in train_losses(out).values() for v in step.values())
+    # 9 steps of 8 samples; the reference's 2 ranks take 2 micro-batches each per step.
+    assert consumed_samples(trace) == consumed_samples(reference_run.parent / "samples", 9 * 2)
+    assert sum(consumed_samples(trace).values()) == 9 * 8
 
 
 def kill_and_resume(launch_run: Callable[[], subprocess.Popen], out: Path) -> None:

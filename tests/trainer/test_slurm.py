@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import latest_step, records
+from helpers import free_port, latest_step, records
 from safetensors.torch import load_file
 from test_launcher import check_student
 
@@ -64,12 +64,6 @@ def missing_requirement() -> str | None:
     if os.geteuid() != 0:
         return "slurmd must run as root to start job steps"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def slurm_conf(root: Path, host: str) -> str:
@@ -271,7 +265,7 @@ def test_sbatch_trains_exports_and_resumes_when_resubmitted_on_two_nodes(
     # ranks, so the same data layout), continues from the checkpoint of step 6.
     job, log = submit(slurm, TWO_NODES, tiny_teacher_dir, tiny_dataset_dir, out, max_steps=10)
     assert f"2 task(s) on 2 node(s) (node[1-2]), {rendezvous(job)}" in log
-    assert "resumed from step 6" in log and "data layout changed" not in log
+    assert "resumed from step 6" in log and "data order changed" not in log
     train = [r for r in records(out) if "train/loss" in r]
     assert [r["step"] for r in train] == list(range(1, 11))
     assert train[-1]["train/samples"] == 10 * 8

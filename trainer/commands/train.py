@@ -60,13 +60,21 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     directory."""
     # Cheap checks first: a bad config or dataset fails in seconds, before any weight is loaded.
     world = init_distributed()
-    ds_config = deepspeed_config(cfg, world.world_size)
+    output_dir = Path(cfg.output_dir)
+    checkpoints = Checkpointer(
+        output_dir, every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last, is_main=world.is_main
+    )
+    # A checkpoint saved by another number of ranks loads through DeepSpeed's universal form, which
+    # the engine must be configured for before it is built (runtime.checkpoint).
+    resume_point = checkpoints.resume_point(world.world_size)
+    ds_config = deepspeed_config(
+        cfg, world.world_size, load_universal=resume_point is not None and resume_point.universal
+    )
     validate_against_teacher(cfg, None if cfg.teacher is None else load_teacher_config(cfg.teacher))
     dataset = open_dataset(cfg.data)
     tokenizer_source, tokenizer_key = cfg.tokenizer_source()
     tokenizer = load_tokenizer(tokenizer_source)
     check_tokenizer(dataset, tokenizer_identity(tokenizer, tokenizer_source), tokenizer_source, tokenizer_key)
-    output_dir = Path(cfg.output_dir)
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         task = f"distilling {cfg.teacher}" if cfg.teacher is not None else f"pretraining {cfg.student.model}"
@@ -90,13 +98,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     distiller = Distiller(student, teacher, cfg.objective)
     engine = build_engine(distiller, cfg, ds_config, world.device)
 
-    checkpoints = Checkpointer(
-        output_dir, every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last, is_main=world.is_main
-    )
-    resumed = checkpoints.resume(engine) or {}
+    resumed = checkpoints.resume(engine, resume_point) or {}
     step = int(resumed.get("step", 0))
-    if resumed and world.is_main:
-        log.info("resumed from step %d in %s", step, checkpoints.root)
     # Rank 0 tracks the run in MLflow (a resumed run continues its MLflow run); never blocks a step.
     tracker = start_tracker(
         cfg.mlflow,

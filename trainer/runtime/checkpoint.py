@@ -7,19 +7,37 @@ rewrites only after a save completed: a run killed mid-save resumes from the pre
 
 The trainer's own state (step, data position, MLflow run id) travels in DeepSpeed's client state.
 RNG state needs no saving: the trainer reseeds from ``(seed, step, rank)`` at every step.
+
+A checkpoint holds one ZeRO partition of the optimizer per rank, so DeepSpeed loads it only into
+as many ranks as saved it. Relaunched on another number of ranks (a cluster lost or gained nodes),
+the run first converts the checkpoint once into DeepSpeed's *universal* form, ``step-N/universal/``
+(every parameter's float32 weights and Adam moments whole, plus the client state), which any
+world size and ZeRO stage can load; the optimizer state comes along, it is not reset.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import shutil
+from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
+
+from common.atomic import atomic_directory
+
+log = logging.getLogger(__name__)
 
 TAG = re.compile(r"step-(\d+)")
 HF_DIR = "hf"
+UNIVERSAL_DIR = "universal"
+# DeepSpeed writes one optimizer partition per data-parallel rank, bf16_-prefixed under its BF16 optimizer.
+OPTIMIZER_PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
 
 
 def tag_for(step: int) -> str:
@@ -59,6 +77,101 @@ def prune(root: Path, keep_last: int, newest_step: int) -> list[Path]:
     return doomed
 
 
+def saved_world_size(checkpoint: Path) -> int:
+    """The number of ranks ``checkpoint`` was saved by: one optimizer partition each."""
+    ranks = {int(m.group(1)) for p in checkpoint.iterdir() if (m := OPTIMIZER_PARTITION.fullmatch(p.name))}
+    if not ranks or ranks != set(range(len(ranks))):
+        raise RuntimeError(f"checkpoint {checkpoint}: expected optimizer partitions of ranks 0..N-1, found {ranks}")
+    return len(ranks)
+
+
+def convert_to_universal(checkpoint: Path) -> Path:
+    """``checkpoint/universal``: DeepSpeed's world-size-independent form of ``checkpoint``, made once.
+
+    DeepSpeed's own converter (``deepspeed.checkpoint.ds_to_universal``, in this process, serially)
+    writes into a temporary directory renamed into place, so a run killed mid-conversion leaves no
+    half-converted checkpoint and converts again on the next launch. Its console output goes to
+    ``universal.log`` beside it.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    dest = checkpoint / UNIVERSAL_DIR
+    if dest.is_dir():
+        return dest
+    options = Namespace(
+        input_folder=str(checkpoint),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,  # the run stores no tensor-parallel layout info: there is none
+    )
+    with atomic_directory(dest) as tmp, (checkpoint / f"{UNIVERSAL_DIR}.log").open("w") as console:
+        options.output_folder = str(tmp)
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            ds_to_universal.main(options)
+    (checkpoint / "latest_universal").unlink(missing_ok=True)  # the converter's pointer; the trainer names the tag
+    return dest
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a launch resumes from, and whether it must go through the universal form."""
+
+    checkpoint: Path
+    saved_world_size: int
+    world_size: int
+
+    @property
+    def universal(self) -> bool:
+        return self.saved_world_size != self.world_size
+
+
+def untie_step_counters(engine: Any) -> None:
+    """Give every parameter group's Adam state its own step counter after a universal load.
+
+    DeepSpeed's ZeRO-3 universal loader (0.19.8) hands all of a rank's flat parameter groups one and
+    the same ``step`` tensor, which ``torch.optim.AdamW`` then increments in place once per group:
+    with two groups (decayed and not) the step count, and so the bias correction, would run twice as
+    fast after the resume.
+    """
+    for state in engine.optimizer.optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
+
+
+def optimizer_summary(engine: Any) -> dict[str, float]:
+    """Adam's step count and the global norms of its two moments, over every rank's partition.
+
+    Logged at each save and after each resume, so that a resume that carried the optimizer over
+    (same step, same norms, whatever the world size) can be told from one that reset it. A
+    collective: every rank calls it.
+    """
+    state = engine.optimizer.optimizer.state.values()  # the base optimizer inside ZeRO's wrapper
+    # Summed in float64 (a float32 sum over millions of entries drifts by 1e-4 with the partitioning),
+    # a slice at a time so that no partition is copied whole; on the ranks' device, which NCCL needs.
+    squares = torch.zeros(2, dtype=torch.float64, device=engine.device)
+    for s in state:
+        for i, key in enumerate(("exp_avg", "exp_avg_sq")):
+            if key in s:
+                for part in s[key].detach().reshape(-1).split(1 << 24):
+                    squares[i] += part.to(squares.device, torch.float64).square().sum()
+    if dist.is_initialized():
+        dist.all_reduce(squares)
+    return {
+        "step": max((int(s["step"]) for s in state if "step" in s), default=0),
+        "exp_avg_norm": float(squares[0].sqrt()),
+        "exp_avg_sq_norm": float(squares[1].sqrt()),
+    }
+
+
+def describe(summary: dict[str, float]) -> str:
+    return (
+        f"optimizer step {summary['step']}, |exp_avg| {summary['exp_avg_norm']:.6e}, "
+        f"|exp_avg_sq| {summary['exp_avg_sq_norm']:.6e}"
+    )
+
+
 class Checkpointer:
     """Saves and restores a DeepSpeed engine plus the trainer's client state."""
 
@@ -87,19 +200,47 @@ class Checkpointer:
             (self.root / tag).mkdir(parents=True, exist_ok=True)
             hf_files(self.root / tag / HF_DIR)
         engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state)
+        summary = describe(optimizer_summary(engine))
         if self.is_main:
+            log.info("saved checkpoint %s: %s", self.root / tag, summary)
             prune(self.root, self.keep_last, step)
         dist.barrier()
         return self.root / tag
 
-    def resume(self, engine: Any) -> dict[str, Any] | None:
-        """Load the latest checkpoint into ``engine``; its client state, or None for a fresh run."""
-        tag = latest_tag(self.root)
-        if tag is None:
+    def resume_point(self, world_size: int) -> ResumePoint | None:
+        """Where this launch of ``world_size`` ranks resumes from, or None for a fresh run."""
+        checkpoint = self.latest()
+        return None if checkpoint is None else ResumePoint(checkpoint, saved_world_size(checkpoint), world_size)
+
+    def resume(self, engine: Any, point: ResumePoint | None) -> dict[str, Any] | None:
+        """Load ``point`` into ``engine``; its client state, or None for a fresh run.
+
+        A checkpoint saved by another number of ranks is loaded from its universal form (rank 0
+        converts it first if no earlier launch has); ``engine`` must then have been built with
+        ``checkpoint.load_universal`` (``runtime.engine.deepspeed_config``).
+        """
+        if point is None:
             return None
+        load_dir, tag = self.root, point.checkpoint.name
+        if point.universal:
+            if self.is_main:
+                log.info(
+                    "checkpoint %s was saved by %d rank(s), this launch has %d: loading its universal form",
+                    point.checkpoint,
+                    point.saved_world_size,
+                    point.world_size,
+                )
+                convert_to_universal(point.checkpoint)
+            dist.barrier()
+            load_dir, tag = point.checkpoint, UNIVERSAL_DIR
         path, client_state = engine.load_checkpoint(
-            str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(load_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )
         if path is None:
-            raise RuntimeError(f"checkpoint {self.root / tag} could not be loaded")
+            raise RuntimeError(f"checkpoint {load_dir / tag} could not be loaded")
+        if point.universal:
+            untie_step_counters(engine)
+        summary = describe(optimizer_summary(engine))
+        if self.is_main:
+            log.info("resumed from step %s in %s: %s", client_state.get("step"), point.checkpoint, summary)
         return client_state

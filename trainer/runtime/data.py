@@ -1,21 +1,28 @@
-"""Streaming the packed train shards (WebDataset tars) to every rank, resumable to the sample.
+"""Streaming the packed train shards (WebDataset tars) to every rank, resumable to the sample on
+any number of ranks.
 
-Every (rank, dataloader worker) pair is one *slot* of ``world_size x num_workers``. Each epoch
-the shard order is reshuffled from ``(seed, epoch)``; then
+The data order is made of ``K`` independent *streams* (``loader.streams``; by default the first
+launch's world size x ``loader.num_workers``), fixed for the whole run. Each epoch the shard order
+is reshuffled from ``(seed, epoch)``; then
 
-* with at least as many shards as slots, slot ``s`` reads shards ``order[s::slots]``;
-* with fewer shards than slots, every slot reads all shards and keeps every ``slots``-th sample,
-  so no slot starves (a small dataset is read more than once, never a large one).
+* with at least as many shards as streams, stream ``k`` reads shards ``order[k::K]``;
+* with fewer shards than streams, every stream reads all shards and keeps every ``K``-th sample,
+  so no stream starves (a small dataset is read more than once, never a large one).
 
-Each slot shuffles its samples through a buffer seeded by ``(seed, epoch, slot)`` and the
-stream repeats epochs forever: training is driven by steps, not epochs. Everything above is a
-pure function of the seed, so a resumed run replays its position instead of saving buffers: it
-skips whole epochs by arithmetic on the manifest's per-shard sample counts, then replays the
-current epoch's shuffle without decoding the samples it drops.
+Each stream shuffles its samples through a buffer seeded by ``(seed, epoch, stream)`` and repeats
+epochs forever: training is driven by steps, not epochs. A stream is a pure function of the seed,
+so its position is one number, the samples it has delivered; a resumed stream skips whole epochs
+by arithmetic on the manifest's per-shard sample counts, then replays the current epoch's shuffle
+without decoding the samples it drops.
 
-The DataLoader hands out a worker's batches round-robin (batch ``b`` comes from worker
-``b % num_workers``), so the number of micro-batches a rank has consumed pins down every one
-of its workers' positions; that single number is the data state kept in the checkpoint.
+Rank ``r`` of ``W`` owns the contiguous block of streams ``[r K / W, (r + 1) K / W)`` and takes
+each micro-batch from its stream that has delivered the fewest samples (the lowest-numbered on a
+tie): a round robin from a fresh start, which after a change of world size first brings the
+streams a rank inherited level. The checkpoint keeps every stream's position, so the run resumes
+on any ``W <= K`` ranks with every stream continuing exactly where it stopped: within an epoch no
+sample is skipped or seen twice, whatever the world size before and after. The DataLoader's
+workers split a rank's micro-batches round-robin (micro-batch ``j`` is built by worker
+``j % num_workers``); with the default ``K``, every worker reads one stream of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import io
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import webdataset as wds
 
 from common.config import ConfigError
@@ -38,6 +47,7 @@ from common.config import ConfigError
 log = logging.getLogger(__name__)
 
 SAMPLE_FIELD = "input_ids.npy"
+SAMPLE_TRACE_ENV = "ENCODER_DISTILL_SAMPLE_TRACE"
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ def decode(sample: dict[str, Any]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SlotStream:
-    """The infinite, deterministic sample stream of one slot (see the module docstring)."""
+    """The infinite, deterministic sample stream ``slot`` of ``num_slots`` (see the module docstring)."""
 
     shards: tuple[Shard, ...]
     slot: int
@@ -144,15 +154,14 @@ class SlotStream:
         rng.shuffle(buffer)
         yield from buffer
 
-    def samples(self, skip: int = 0) -> Iterator[np.ndarray]:
-        """The decoded stream from sample ``skip`` on, epoch after epoch."""
+    def raw(self, skip: int = 0) -> Iterator[dict[str, Any]]:
+        """The undecoded stream from sample ``skip`` on, epoch after epoch."""
         first = 0
         while skip >= (size := self.epoch_size(first)):
             skip -= size
             first += 1
         for epoch in itertools.count(first):
-            for sample in itertools.islice(self.epoch_raw(epoch), skip, None):
-                yield decode(sample)
+            yield from itertools.islice(self.epoch_raw(epoch), skip, None)
             skip = 0
 
 
@@ -163,61 +172,76 @@ def padding_mask(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
     return None if bool(mask.all()) else mask
 
 
-def batches_before(consumed: int, worker: int, num_workers: int) -> int:
-    """How many of the first ``consumed`` round-robin batches came from ``worker``."""
-    return max(0, (consumed - worker + num_workers - 1) // num_workers)
+def owned_streams(rank: int, world_size: int, num_streams: int) -> range:
+    """The block of streams rank ``rank`` of ``world_size`` reads."""
+    return range(rank * num_streams // world_size, (rank + 1) * num_streams // world_size)
+
+
+def micro_batch_plan(positions: dict[int, int], micro_batch_size: int) -> Iterator[tuple[int, int]]:
+    """A rank's micro-batches in order, as (stream, its first sample's position in the stream): each
+    from the stream that has delivered the fewest samples, the lowest-numbered on a tie."""
+    positions = dict(positions)
+    while True:
+        stream = min(positions, key=lambda k: (positions[k], k))
+        yield stream, positions[stream]
+        positions[stream] += micro_batch_size
 
 
 class TrainStream(torch.utils.data.IterableDataset):
-    """One rank's micro-batches, ``{"input_ids": int64 [micro_batch, seq_len]}``."""
+    """One rank's micro-batches, ``{"input_ids": int64 [micro_batch, seq_len], "keys": [sample key, ...]}``,
+    from its streams starting at ``positions`` (stream -> samples already delivered)."""
 
     def __init__(
         self,
         shards: list[Shard],
         *,
         micro_batch_size: int,
-        rank: int,
-        world_size: int,
+        positions: dict[int, int],
+        num_streams: int,
         num_workers: int,
         seed: int,
         shuffle_buffer: int,
-        start_batch: int = 0,
     ) -> None:
         super().__init__()
         self.shards = tuple(shards)
         self.micro_batch_size = micro_batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self.positions = dict(positions)
+        self.num_streams = num_streams
         self.num_workers = max(1, num_workers)
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
-        self.start_batch = start_batch
         total = sum(s.samples for s in shards)
-        slots = world_size * self.num_workers
-        if len(shards) < slots and total < slots:
+        if len(shards) < num_streams and total < num_streams:
             raise ConfigError(
-                f"data: the train split has {total} samples, fewer than ranks x loader.num_workers = {slots}"
+                f"data: the train split has {total} samples, fewer than its {num_streams} streams "
+                "(loader.streams, by default ranks x loader.num_workers)"
             )
 
-    def stream(self, worker: int) -> SlotStream:
-        slot = self.rank * self.num_workers + worker
-        slots = self.world_size * self.num_workers
-        return SlotStream(self.shards, slot, slots, self.seed, self.shuffle_buffer)
+    def stream(self, k: int) -> SlotStream:
+        return SlotStream(self.shards, k, self.num_streams, self.seed, self.shuffle_buffer)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
-        # The DataLoader starts its round-robin at its worker 0, which on resume is the stream
-        # that owns batch `start_batch`, so loader worker i plays stream (start_batch + i).
-        worker = ((info.id if info is not None else 0) + self.start_batch) % self.num_workers
-        done = batches_before(self.start_batch, worker, self.num_workers)
-        samples = self.stream(worker).samples(skip=done * self.micro_batch_size)
-        while True:
-            batch = np.stack(list(itertools.islice(samples, self.micro_batch_size)))
-            yield {"input_ids": torch.from_numpy(batch.astype(np.int64))}
+        worker = info.id if info is not None else 0
+        readers: dict[int, tuple[Iterator[dict[str, Any]], int]] = {}  # stream -> (raw samples, position)
+        plan = micro_batch_plan(self.positions, self.micro_batch_size)
+        for j, (k, start) in enumerate(plan):
+            if j % self.num_workers != worker:
+                continue
+            samples, at = readers.get(k) or (self.stream(k).raw(start), start)
+            # Another worker's micro-batches of the same stream are passed over undecoded.
+            raw = list(itertools.islice(samples, start - at, start - at + self.micro_batch_size))
+            readers[k] = (samples, start + self.micro_batch_size)
+            batch = np.stack([decode(sample) for sample in raw])
+            yield {"input_ids": torch.from_numpy(batch.astype(np.int64)), "keys": [r["__key__"] for r in raw]}
 
 
 class TrainLoader:
-    """Iterator of micro-batches that knows its position; ``state()`` goes in the checkpoint."""
+    """Iterator of micro-batches that knows its position; ``state()`` goes in the checkpoint.
+
+    With the environment variable ``ENCODER_DISTILL_SAMPLE_TRACE=DIR`` every rank also appends the
+    keys of each micro-batch it consumes to ``DIR/rank-R.jsonl`` (a test hook; off by default).
+    """
 
     def __init__(
         self,
@@ -228,34 +252,50 @@ class TrainLoader:
         world_size: int,
         loader_cfg: Any,
         seed: int,
-        state: dict[str, int] | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
-        self.layout = {
-            "world_size": world_size,
-            "num_workers": loader_cfg.num_workers,
-            "micro_batch_size": micro_batch_size,
-            "seed": seed,
-        }
-        start = 0
-        if state is not None:
-            start = int(state["micro_batches"])
-            changed = {k: (state.get(k), v) for k, v in self.layout.items() if state.get(k) != v}
+        state = None if state is None else upgrade_state(state)
+        if state is None:
+            num_streams = loader_cfg.streams or world_size * max(1, loader_cfg.num_workers)
+            positions = dict.fromkeys(range(num_streams), 0)
+        else:
+            num_streams, positions = int(state["streams"]), {int(k): int(p) for k, p in state["positions"].items()}
+            changed = {
+                key: (state.get(key), value)
+                for key, value in (("seed", seed), ("shuffle_buffer", loader_cfg.shuffle_buffer))
+                if state.get(key) not in (None, value)  # None: not recorded (an older checkpoint)
+            }
+            if loader_cfg.streams not in (None, num_streams):
+                changed["streams"] = (num_streams, loader_cfg.streams)
             if changed:
                 log.warning(
-                    "data layout changed since the checkpoint %s: resuming at the same batch count, "
-                    "but ranks will not see the exact samples an uninterrupted run would",
+                    "data order changed since the checkpoint %s (before, now): the streams continue from their "
+                    "positions, but not with the samples an uninterrupted run would have seen; loader.streams "
+                    "stays the checkpoint's",
                     changed,
                 )
-        self.consumed = start
+        if world_size > num_streams:
+            raise ConfigError(
+                f"loader.streams: this run's data order has {num_streams} streams, fewer than its {world_size} "
+                "ranks; it can resume on at most that many (start a run with loader.streams=N to grow to N ranks)"
+            )
+        mine = owned_streams(rank, world_size, num_streams)
+        missing = [k for k in mine if k not in positions]
+        if missing:
+            raise RuntimeError(f"the checkpoint's data state has no position for streams {missing}")
+        self.positions = {k: positions[k] for k in mine}
+        self.num_streams = num_streams
+        self.micro_batch_size = micro_batch_size
+        self.order = {"seed": seed, "shuffle_buffer": loader_cfg.shuffle_buffer}
+        self.plan = micro_batch_plan(self.positions, micro_batch_size)
         stream = TrainStream(
             dataset.shards("train"),
             micro_batch_size=micro_batch_size,
-            rank=rank,
-            world_size=world_size,
+            positions=self.positions,
+            num_streams=num_streams,
             num_workers=loader_cfg.num_workers,
             seed=seed,
             shuffle_buffer=loader_cfg.shuffle_buffer,
-            start_batch=start,
         )
         workers = loader_cfg.num_workers
         self.loader = torch.utils.data.DataLoader(
@@ -266,17 +306,47 @@ class TrainLoader:
             prefetch_factor=4 if workers else None,
         )
         self.iterator = iter(self.loader)
+        trace = os.environ.get(SAMPLE_TRACE_ENV)
+        self.trace = None
+        if trace:
+            Path(trace).mkdir(parents=True, exist_ok=True)
+            self.trace = (Path(trace) / f"rank-{rank}.jsonl").open("a", buffering=1)
 
     def __iter__(self) -> TrainLoader:
         return self
 
-    def __next__(self) -> dict[str, torch.Tensor]:
+    def __next__(self) -> dict[str, Any]:
         batch = next(self.iterator)
-        self.consumed += 1
+        stream, start = next(self.plan)
+        self.positions[stream] = start + self.micro_batch_size
+        if self.trace is not None:
+            self.trace.write(json.dumps({"stream": stream, "keys": batch["keys"]}) + "\n")
         return batch
 
-    def state(self) -> dict[str, int]:
-        return {"micro_batches": self.consumed, **self.layout}
+    def state(self) -> dict[str, Any]:
+        """Every stream's position (gathered from all ranks: a collective when a process group is up;
+        without one, this rank's streams only) and what the order depends on."""
+        positions = dict(self.positions)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[dict[int, int] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, positions)
+            positions = {k: p for part in gathered for k, p in part.items()}
+        return {"streams": self.num_streams, "positions": positions, **self.order}
+
+
+def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A data state from before streams (micro-batches per rank, every rank's worker a stream of its
+    own) in today's form, so that older checkpoints resume where they stopped."""
+    if "streams" in state:
+        return state
+    workers, micro_batches = max(1, int(state["num_workers"])), int(state["micro_batches"])
+    per_batch = int(state["micro_batch_size"])
+    positions = {
+        rank * workers + w: per_batch * max(0, (micro_batches - w + workers - 1) // workers)
+        for rank in range(int(state["world_size"]))
+        for w in range(workers)
+    }
+    return {"streams": len(positions), "positions": positions, "seed": state["seed"], "shuffle_buffer": None}
 
 
 def valid_batches(

@@ -169,8 +169,12 @@ def resolve_path(path: str) -> Path:
     return REPO / candidate
 
 
-def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
-    """The JSON file's ZeRO settings completed with the YAML's batch sizes, precision and clipping."""
+def deepspeed_config(cfg: TrainConfig, world_size: int, *, load_universal: bool = False) -> dict[str, Any]:
+    """The JSON file's ZeRO settings completed with the YAML's batch sizes, precision and clipping.
+
+    ``load_universal``: the run resumes from a checkpoint saved by another number of ranks, through
+    its universal form (``runtime.checkpoint``).
+    """
     path = resolve_path(cfg.deepspeed.config)
     if not path.is_file():
         raise ConfigError(f"deepspeed.config: file not found: {cfg.deepspeed.config}")
@@ -195,6 +199,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
             "initial_scale_power": cfg.deepspeed.initial_scale_power,
         },
     )
+    ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": load_universal}
     ds.setdefault("steps_per_print", 10**9)  # the trainer logs; keep DeepSpeed's own step log quiet
     if offloads_optimizer(ds):
         opt = cfg.optimizer
