@@ -388,6 +388,8 @@ class StageLoop:
         while step < total_steps:
             epoch, position = divmod(step, steps_per_epoch)
             indices = self.batches(epoch)[position]
+            # Dropout draws from a generator seeded by (seed, stage, step): a resumed step draws what it would have.
+            torch.manual_seed(self.cfg.seed * 1_000_003 + STAGES.index(self.stage) * 100_003 + step)
             terms = self.train_step(indices)
             scheduler.step()
             step += 1
