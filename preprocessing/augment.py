@@ -28,6 +28,7 @@ import json
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import field
@@ -45,6 +46,9 @@ NAMESPACE = "augment"
 OUTPUT_FILE = "train.jsonl.gz"
 SUMMARY_FILE = "augment.json"
 WORD = re.compile(r"\w+")
+# transformers builds a model under a process-wide "meta device" context: two DirectRunner worker
+# threads loading the MLM at once would see each other's context. One load at a time.
+LOAD_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -118,10 +122,12 @@ class MaskedLmCandidates:
 
         torch.set_num_threads(1)  # one worker, one core: the runner decides the parallelism
         self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with LOAD_LOCK:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if self.tokenizer.mask_token is None:
             raise ConfigError(f"mlm: the tokenizer of {model_dir} has no mask token")
-        self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+        with LOAD_LOCK:
+            self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
         self.top_k, self.max_seq_len = top_k, max_seq_len
         vocab = self.tokenizer.get_vocab()
         special = set(self.tokenizer.all_special_ids)

