@@ -41,7 +41,8 @@ def test_variants_are_deterministic_counted_and_keep_labels(task_file, tiny_teac
     assert counts["skipped_bad_json"] == 1 and counts["skipped_missing_column"] == 1
     assert counts["skipped_empty_text"] == 1
     assert counts["variants"] + counts.get("duplicate_variants", 0) == 4 * 3
-    rows = [json.loads(line) for line in gzip.open(tmp_path / "a" / OUTPUT_FILE, "rt")]
+    with gzip.open(tmp_path / "a" / OUTPUT_FILE, "rt") as f:
+        rows = [json.loads(line) for line in f]
     assert len(rows) == 4 + counts["variants"]
     assert json.loads((tmp_path / "a" / SUMMARY_FILE).read_text())["counts"] == counts
     # The original comes first, then its variants: same label and untouched columns, other words.
@@ -63,3 +64,12 @@ def test_bad_config_names_the_key(task_file, tmp_path):
         augment(task_file, tmp_path / "nothing", tmp_path / "out")
     with pytest.raises(ConfigError, match="probability"):
         augment(task_file, tmp_path, tmp_path / "out", probability=0)
+
+
+def test_tinybert_preset(task_file, tiny_teacher_dir, tmp_path):
+    from common.config import load_config
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "augment" / "tinybert.yaml"
+    overrides = [f"input={task_file}", f"mlm={tiny_teacher_dir}", f"output={tmp_path / 'out'}"]
+    cfg = load_config(AugmentConfig, preset, overrides)
+    assert (cfg.variants, cfg.probability, cfg.top_k) == (20, 0.4, 15)

@@ -127,9 +127,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(teacher, general_stude
     state_file = out / "checkpoint" / "state.json"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        if state_file.is_file() and json.loads(state_file.read_text()).get("stage") == 1:
-            if json.loads(state_file.read_text())["step"] >= 3:
-                break
+        state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+        if state.get("stage") == 1 and state["step"] >= 3:
+            break
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
@@ -169,7 +169,7 @@ def test_bad_inputs_are_errors_before_any_weight_moves(teacher, tiny_teacher_dir
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
     # A teacher that was never fine-tuned (a masked-LM, no classification head).
-    with pytest.raises(ConfigError, match="teacher: .* has no classification head"):
+    with pytest.raises(ConfigError, match=r"teacher: .* has no classification head"):
         run(settings(tiny_teacher_dir, general_student, tmp_path / "a"))
     # Dataset labels the teacher does not know.
     odd = tmp_path / "odd.jsonl"
@@ -189,7 +189,7 @@ def test_bad_inputs_are_errors_before_any_weight_moves(teacher, tiny_teacher_dir
     for name in "abc":  # nothing was trained or written
         assert not (tmp_path / name / "checkpoint").exists() and not (tmp_path / name / "model").exists()
     # A config error names its key before anything is read.
-    with pytest.raises(ConfigError, match="predictions.soft"):
+    with pytest.raises(ConfigError, match=r"predictions\.soft"):
         run(settings(teacher, general_student, tmp_path / "d", task="regression"))
 
 
@@ -207,3 +207,13 @@ def test_two_ranks_through_the_deepspeed_launcher(teacher, general_student, tmp_
     assert "rank 0 of 2" in log and "rank 1 of 2" in log
     assert (out / "model" / "model.safetensors").is_file()
     assert json.loads((out / "metrics.json").read_text())["best_step"] >= 5
+
+
+@pytest.mark.parametrize("preset", ["tinybert-4l-312", "tiny-roberta-4l-312"])
+def test_presets_validate(preset, tmp_path):
+    from common.config import load_config
+
+    required = ["teacher=T", "student=S", "data=D", f"output_dir={tmp_path}"]
+    cfg = load_config(TaskDistillConfig, str(REPO / "configs" / "task-distill" / f"{preset}.yaml"), required)
+    assert cfg.layers.tinybert.attention == 1.0 and cfg.layers.epochs > 0 and cfg.predictions.epochs > 0
+    assert (cfg.predictions.soft, cfg.predictions.mse) == ((1.0, 0.0) if preset.startswith("tinybert") else (0.0, 1.0))
