@@ -469,7 +469,12 @@ class StageLoop:
         """Rank 0 scores the student; a new best is written to ``OUTPUT/best`` (atomically)."""
         if self.ranks.leader:
             metric = PRIMARY_METRIC[self.cfg.task]
-            result = evaluate(self.trainable.student, self.collate, self.valid_set, self.cfg.batch_size)
+            device = self.ranks.device
+
+            def collate_on_device(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+                return {key: value.to(device) for key, value in self.collate(rows).items()}
+
+            result = evaluate(self.trainable.student, collate_on_device, self.valid_set, self.cfg.batch_size)
             tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
             best = state.get("best")
             improved = best is None or result[metric] > best[metric]
