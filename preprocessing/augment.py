@@ -142,17 +142,21 @@ class MaskedLmCandidates:
 
     def __call__(self, text: str) -> tuple[list[tuple[int, int]], list[list[str]]]:
         spans = [match.span() for match in WORD.finditer(text)]
-        if not spans:
-            return [], []
+        # Words past max_seq_len (truncated away) get no candidates and cost no forward pass.
+        offsets = self.tokenizer(text, truncation=True, max_length=self.max_seq_len, return_offsets_mapping=True)
+        limit = max(end for _, end in offsets["offset_mapping"])
+        within = [span for span in spans if span[1] <= limit]
+        if not within:
+            return spans, [[] for _ in spans]
         mask = self.tokenizer.mask_token
-        masked = [text[:start] + mask + text[end:] for start, end in spans]
+        masked = [text[:start] + mask + text[end:] for start, end in within]
         encoded = self.tokenizer(
             masked, truncation=True, max_length=self.max_seq_len, padding=True, return_tensors="pt"
         )
         with self.torch.no_grad():
             logits = self.model(**encoded).logits
         candidates: list[list[str]] = []
-        for row, (start, end) in enumerate(spans):
+        for row, (start, end) in enumerate(within):
             at = (encoded["input_ids"][row] == self.tokenizer.mask_token_id).nonzero()
             if len(at) == 0:  # the word lies past max_seq_len
                 candidates.append([])
@@ -167,7 +171,7 @@ class MaskedLmCandidates:
                     if len(words) == self.top_k:
                         break
             candidates.append(words)
-        return spans, candidates
+        return spans, candidates + [[] for _ in spans[len(within) :]]
 
 
 # ------------------------------------------------------------------------------------------------ Beam
