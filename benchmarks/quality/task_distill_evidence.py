@@ -130,7 +130,10 @@ def main() -> None:
         }
         return finetune(from_dict(FinetuneConfig, values))[PRIMARY_METRIC[task]]
 
-    teacher_score = fine_tune(str(minilm_dir()), "teacher", 0, 3)
+    if (out / "teacher" / "metrics.json").is_file():  # a rerun into the same OUT_DIR keeps its teacher
+        teacher_score = json.loads((out / "teacher" / "metrics.json").read_text())[PRIMARY_METRIC[task]]
+    else:
+        teacher_score = fine_tune(str(minilm_dir()), "teacher", 0, 3)
     teacher = str(out / "teacher" / "model")
     timings["teacher"] = time.perf_counter() - started
     student = str(build_student(out / "student", [2, 5]))
