@@ -7,9 +7,9 @@ import re
 import typing
 from pathlib import Path
 
+from preprocessing.augment import AugmentConfig
 from preprocessing.config import PreprocessConfig
 from trainer.commands.evaluate_suite import SuiteConfig
-from preprocessing.augment import AugmentConfig
 from trainer.commands.finetune import FinetuneConfig
 from trainer.commands.task_distill import TaskDistillConfig
 from trainer.config import TrainConfig
