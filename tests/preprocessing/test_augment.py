@@ -73,3 +73,13 @@ def test_tinybert_preset(task_file, tiny_teacher_dir, tmp_path):
     overrides = [f"input={task_file}", f"mlm={tiny_teacher_dir}", f"output={tmp_path / 'out'}"]
     cfg = load_config(AugmentConfig, preset, overrides)
     assert (cfg.variants, cfg.probability, cfg.top_k) == (20, 0.4, 15)
+
+
+def test_words_past_max_seq_len_get_no_candidates(tiny_teacher_dir):
+    from preprocessing.augment import MaskedLmCandidates
+
+    candidates = MaskedLmCandidates(str(tiny_teacher_dir), top_k=3, max_seq_len=8)
+    spans, found = candidates("one two three four five six seven eight nine ten")
+    assert len(spans) == 10 and [len(words) for words in found] == [3] * 6 + [0] * 4  # [CLS] 6 words [SEP]
+    text = "one two three four five six seven eight nine ten"
+    assert all(word.lower() != text[a:b] for (a, b), words in zip(spans, found) for word in words)
