@@ -82,4 +82,4 @@ def test_words_past_max_seq_len_get_no_candidates(tiny_teacher_dir):
     spans, found = candidates("one two three four five six seven eight nine ten")
     assert len(spans) == 10 and [len(words) for words in found] == [3] * 6 + [0] * 4  # [CLS] 6 words [SEP]
     text = "one two three four five six seven eight nine ten"
-    assert all(word.lower() != text[a:b] for (a, b), words in zip(spans, found) for word in words)
+    assert all(word.lower() != text[a:b] for (a, b), words in zip(spans, found, strict=True) for word in words)
