@@ -19,6 +19,7 @@ COMMANDS = {
     "finetune": ("trainer.commands.finetune", "fine-tune a student on a text-classification dataset"),
     "register": ("trainer.tracking.registry", "register an exported student in the MLflow model registry"),
     "promote": ("trainer.tracking.registry", "point an alias at a registered student version"),
+    "task-distill": ("trainer.commands.task_distill", "distil a fine-tuned teacher into a student on a task's data"),
     "evaluate-suite": ("trainer.commands.evaluate_suite", "fine-tune models on the evaluation suite, one table"),
 }
 

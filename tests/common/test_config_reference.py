@@ -7,9 +7,11 @@ import re
 import typing
 from pathlib import Path
 
+from preprocessing.augment import AugmentConfig
 from preprocessing.config import PreprocessConfig
 from trainer.commands.evaluate_suite import SuiteConfig
 from trainer.commands.finetune import FinetuneConfig
+from trainer.commands.task_distill import TaskDistillConfig
 from trainer.config import TrainConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
@@ -38,10 +40,12 @@ def test_every_key_is_documented():
         ("trainer", TrainConfig),
         ("finetune", FinetuneConfig),
         ("evaluate-suite", SuiteConfig),
+        ("task-distill", TaskDistillConfig),
+        ("augment", AugmentConfig),
     )
     for section, cls in sections:
         documented = documented_keys(section)
-        commands = ("finetune", "evaluate-suite")
+        commands = ("finetune", "evaluate-suite", "task-distill")
         expected = {k for k in dotted_keys(cls) if not (section in commands and k.startswith("mlflow."))}
         expected = {"beam.*" if k == "beam" else k for k in expected}
         assert expected <= documented, f"{section}: undocumented keys {sorted(expected - documented)}"

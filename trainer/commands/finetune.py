@@ -112,7 +112,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".base.") as tmp:
-        model_dir, source = resolve_model(cfg, Path(tmp) / "model")
+        model_dir, source = resolve_model(cfg.model, cfg.mlflow, Path(tmp) / "model")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         torch.manual_seed(cfg.seed)
         if cfg.task == "regression":
@@ -335,17 +335,18 @@ def encode(tokenizer: Any, split: Split, label_ids: dict[str, int], max_seq_len:
 
 
 # ------------------------------------------------------------------------------------------------- model
-def resolve_model(cfg: FinetuneConfig, scratch: Path) -> tuple[Path, dict[str, str]]:
-    """A local directory as is; an MLflow model URI (``models:/...``, ``runs:/...``) pulled into ``scratch``."""
-    path = Path(cfg.model)
-    if path.is_dir() or ":/" not in cfg.model:
+def resolve_model(uri: str, mlflow: MlflowConfig, scratch: Path, key: str = "model") -> tuple[Path, dict[str, str]]:
+    """A local directory as is; an MLflow model URI (``models:/...``, ``runs:/...``) pulled into ``scratch``.
+    ``key`` names the config key in the error for a directory that is not a model."""
+    path = Path(uri)
+    if path.is_dir() or ":/" not in uri:
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model: {path} is not a Hugging Face model directory (no config.json)")
+            raise ConfigError(f"{key}: {path} is not a Hugging Face model directory (no config.json)")
         return path, {"model_uri": str(path)}
     from trainer.tracking.config import resolve_tracking_uri
     from trainer.tracking.pull import SOURCE_FILE, pull
 
-    pull(cfg.model, scratch, resolve_tracking_uri(cfg.mlflow))
+    pull(uri, scratch, resolve_tracking_uri(mlflow))
     return scratch, json.loads((scratch / SOURCE_FILE).read_text(encoding="utf-8"))
 
 

@@ -1,0 +1,85 @@
+"""TinyBERT's data augmentation on the real Beam DirectRunner: variants drawn from a real masked-LM,
+deterministic for a seed whatever the worker count, labels copied, bad lines counted and skipped."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, from_dict
+from preprocessing.augment import OUTPUT_FILE, SUMMARY_FILE, AugmentConfig, run
+
+TEXTS = [
+    "The logging module lets every library write to one application log.",
+    "A socket server answers each client in its own thread.",
+    "Regular expressions match patterns in text.",
+    "The json module reads and writes structured data.",
+]
+
+
+@pytest.fixture
+def task_file(tmp_path: Path) -> Path:
+    lines = [json.dumps({"text": text, "pair": "second part", "label": i % 2}) for i, text in enumerate(TEXTS)]
+    lines += ["this line is not json", json.dumps({"label": 1}), json.dumps({"text": "   ", "label": 0}), ""]
+    path = tmp_path / "task.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def augment(task_file: Path, mlm: Path, out: Path, **values: object) -> dict[str, int]:
+    settings = {"input": str(task_file), "mlm": str(mlm), "output": str(out), "variants": 3, "top_k": 5}
+    return run(from_dict(AugmentConfig, {**settings, **values}))
+
+
+def test_variants_are_deterministic_counted_and_keep_labels(task_file, tiny_teacher_dir, tmp_path):
+    counts = augment(task_file, tiny_teacher_dir, tmp_path / "a", probability=0.5)
+    assert counts["examples"] == 4
+    assert counts["skipped_bad_json"] == 1 and counts["skipped_missing_column"] == 1
+    assert counts["skipped_empty_text"] == 1
+    assert counts["variants"] + counts.get("duplicate_variants", 0) == 4 * 3
+    with gzip.open(tmp_path / "a" / OUTPUT_FILE, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 4 + counts["variants"]
+    assert json.loads((tmp_path / "a" / SUMMARY_FILE).read_text())["counts"] == counts
+    # The original comes first, then its variants: same label and untouched columns, other words.
+    assert rows[0] == {"text": TEXTS[0], "pair": "second part", "label": 0}
+    variants = [r for r in rows if r["label"] == 0 and r["text"] != TEXTS[0] and r["text"] not in TEXTS]
+    assert variants and all(r["pair"] == "second part" for r in variants)
+    first_variant = rows[1]["text"].split()
+    assert len(first_variant) == len(TEXTS[0].split())  # whole words replaced by whole words
+
+    # Same seed, two workers: the same bytes. Another seed: other variants.
+    augment(task_file, tiny_teacher_dir, tmp_path / "b", probability=0.5, beam={"direct_num_workers": 2})
+    assert (tmp_path / "a" / OUTPUT_FILE).read_bytes() == (tmp_path / "b" / OUTPUT_FILE).read_bytes()
+    augment(task_file, tiny_teacher_dir, tmp_path / "c", probability=0.5, seed=1)
+    assert (tmp_path / "a" / OUTPUT_FILE).read_bytes() != (tmp_path / "c" / OUTPUT_FILE).read_bytes()
+
+
+def test_bad_config_names_the_key(task_file, tmp_path):
+    with pytest.raises(ConfigError, match="mlm"):
+        augment(task_file, tmp_path / "nothing", tmp_path / "out")
+    with pytest.raises(ConfigError, match="probability"):
+        augment(task_file, tmp_path, tmp_path / "out", probability=0)
+
+
+def test_tinybert_preset(task_file, tiny_teacher_dir, tmp_path):
+    from common.config import load_config
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "augment" / "tinybert.yaml"
+    overrides = [f"input={task_file}", f"mlm={tiny_teacher_dir}", f"output={tmp_path / 'out'}"]
+    cfg = load_config(AugmentConfig, preset, overrides)
+    assert (cfg.variants, cfg.probability, cfg.top_k) == (20, 0.4, 15)
+
+
+def test_words_past_max_seq_len_get_no_candidates(tiny_teacher_dir):
+    from preprocessing.augment import MaskedLmCandidates
+
+    candidates = MaskedLmCandidates(str(tiny_teacher_dir), top_k=3, max_seq_len=8)
+    spans, found = candidates("one two three four five six seven eight nine ten")
+    assert len(spans) == 10 and [len(words) for words in found] == [3] * 6 + [0] * 4  # [CLS] 6 words [SEP]
+    text = "one two three four five six seven eight nine ten"
+    assert all(word.lower() != text[a:b] for (a, b), words in zip(spans, found, strict=True) for word in words)
