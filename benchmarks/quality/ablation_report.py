@@ -35,7 +35,7 @@ def encoder_params(model_dir: Path) -> int:
     total = 0
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
                 if not key.startswith("cls.") and ".pooler." not in f".{key}":
                     total += prod(f.get_slice(key).get_shape())
     return total
@@ -73,7 +73,9 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int) -> dict[str, A
             is_teacher = index == 0
             name = "teacher" if is_teacher and family == "bert" else ("minilm" if is_teacher else model.parent.name)
             step = by_name.get(name)
-            tokens, train_s = tokens_seen(out / name, seq_len) if (out / name / "metrics.jsonl").is_file() else (None, None)
+            tokens, train_s = (
+                tokens_seen(out / name, seq_len) if (out / name / "metrics.jsonl").is_file() else (None, None)
+            )
             figures = mlm_by_model.get(entry["model"], {})
             rows.append(
                 {

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 from dataclasses import field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,7 +115,10 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
         results[-1]["top1_agreement"] = metrics.get("top1_agreement")
         results[-1]["masked_tokens"] = int(sums["predicted"].item())
         if teacher_scored and teacher_entry is None:  # the teacher's figures are the same for every model
-            teacher_entry = {"model": cfg.teacher, **describe(metrics["teacher_mlm_loss"], metrics["teacher_mlm_accuracy"])}
+            teacher_entry = {
+                "model": cfg.teacher,
+                **describe(metrics["teacher_mlm_loss"], metrics["teacher_mlm_accuracy"]),
+            }
     report = {"models": results, "teacher": teacher_entry, "data": cfg.data, "config": dataclasses.asdict(cfg)}
     if cfg.output:
         write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
