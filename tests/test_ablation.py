@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
 
 BERT_STUDENTS = ["bert-a", "bert-b", "bert-c", "bert-d", "bert-e"]
