@@ -8,6 +8,7 @@ import typing
 from pathlib import Path
 
 from preprocessing.config import PreprocessConfig
+from trainer.commands.evaluate_mlm import EvaluateMlmConfig
 from trainer.commands.evaluate_suite import SuiteConfig
 from trainer.commands.finetune import FinetuneConfig
 from trainer.config import TrainConfig
@@ -38,6 +39,7 @@ def test_every_key_is_documented():
         ("trainer", TrainConfig),
         ("finetune", FinetuneConfig),
         ("evaluate-suite", SuiteConfig),
+        ("evaluate-mlm", EvaluateMlmConfig),
     )
     for section, cls in sections:
         documented = documented_keys(section)
