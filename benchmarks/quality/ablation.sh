@@ -4,6 +4,8 @@
 #     SCALE        toy | cpu | gpu (default: $ABLATION_SCALE, else cpu); sizes in benchmarks/quality/ablation/
 #     CORPORA_DIR  JSONL(.gz) corpora with a "text" field (default: $ABLATION_CORPORA, else ../shared/corpora)
 #   ABLATION_OUTPUT  where everything goes (default: runs/ablation-SCALE; wiped at the start)
+#   ABLATION_RESUME  1: keep ABLATION_OUTPUT and skip the steps it records as done (runs.tsv), e.g.
+#                    after an interruption or to redo the scoring with other sizes
 #   PYTHON           the interpreter (default: python)
 #
 # 1. slice the corpora (toy: the first documents of each file; cpu, gpu: all of them) and preprocess
@@ -70,17 +72,21 @@ shopt -u nullglob
 
 export HF_HUB_OFFLINE=1  # everything below is local
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-rm -rf "$OUT"
+[ "${ABLATION_RESUME:-0}" = 1 ] || rm -rf "$OUT"
 mkdir -p "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 RUNS="$OUT/runs.tsv"  # name, teacher, variant, seconds, command: read by ablation_report.py
-printf 'name\tteacher\tvariant\tseconds\tcommand\n' >"$RUNS"
+[ -s "$RUNS" ] || printf 'name\tteacher\tvariant\tseconds\tcommand\n' >"$RUNS"
 started=$SECONDS
 
 # run NAME TEACHER VARIANT COMMAND...: run it, log its output to logs/NAME.log, record its time.
 run() {
     local name=$1 teacher=$2 variant=$3
     shift 3
+    if cut -f1 "$RUNS" | grep -qxF "$name"; then  # only a step that succeeded is recorded
+        printf '\n=== %s: done earlier (%s), kept ===\n' "$name" "$RUNS"
+        return
+    fi
     printf '\n=== %s (%s) ===\n%s\n' "$name" "$variant" "$*"
     local t0=$SECONDS
     if ! "$@" >"$OUT/logs/$name.log" 2>&1; then

@@ -159,7 +159,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{data['train_tokens']:,} training and {data['valid_tokens']:,} held-out tokens at {data['seq_len']} "
         f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
         f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
-        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Whole script: "
+        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Steps: "
+        f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; the script's last invocation: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
         f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).",
         "",
