@@ -111,9 +111,14 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
         objective = ObjectiveConfig(ce=0.0, mlm=1.0, cos=0.0, mse=0.0)  # evaluate() reads no loss weight
         sums = masked_lm_sums(Distiller(student, teacher if teacher_scored else None, objective), batches)
         metrics = eval_metrics({k: v.item() for k, v in sums.items()})
-        results.append({"model": model, **describe(metrics["student_mlm_loss"], metrics["student_mlm_accuracy"])})
-        results[-1]["top1_agreement"] = metrics.get("top1_agreement")
-        results[-1]["masked_tokens"] = int(sums["predicted"].item())
+        results.append(
+            {
+                "model": model,
+                **describe(metrics["student_mlm_loss"], metrics["student_mlm_accuracy"]),
+                "top1_agreement": metrics.get("top1_agreement"),  # None: no teacher, or one without a head
+                "masked_tokens": int(sums["predicted"].item()),
+            }
+        )
         if teacher_scored and teacher_entry is None:  # the teacher's figures are the same for every model
             teacher_entry = {
                 "model": cfg.teacher,
@@ -126,6 +131,7 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
 
 
 def describe(loss: float, accuracy: float) -> dict[str, float]:
+    """Loss and accuracy over the masked tokens, and the perplexity the loss implies."""
     return {"mlm_loss": loss, "perplexity": math.exp(loss), "mlm_accuracy": accuracy}
 
 
