@@ -12,7 +12,7 @@
 #   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
 #   DEMO_MAX_STEPS  distillation steps (default: max_steps in configs/demo-minilm-3l.yaml)
 #   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
-#   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's examples (default: the suite's 500, 300)
+#   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's examples (default: 200, 200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,7 +66,7 @@ step "5/6 fine-tuning the student: Python docs vs Linux docs (demo/classify.json
 SUITE_TASK=debian-section
 step "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"
 "$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT/student" tasks="[$SUITE_TASK]" seeds='[0]' \
-    ${DEMO_SUITE_TRAIN_SIZE:+train_size=$DEMO_SUITE_TRAIN_SIZE} ${DEMO_SUITE_VALID_SIZE:+valid_size=$DEMO_SUITE_VALID_SIZE} \
+    train_size="${DEMO_SUITE_TRAIN_SIZE:-200}" valid_size="${DEMO_SUITE_VALID_SIZE:-200}" \
     output="$OUT/suite.json"
 SIDE_BY_SIDE=$("$PYTHON" - "$OUT/suite.json" <<'PY'
 import json, sys
