@@ -32,10 +32,11 @@ OUT=${ABLATION_OUTPUT:-runs/ablation-$SCALE}
 PYTHON=${PYTHON:-python}
 CONF=benchmarks/quality/ablation
 
-# Per scale: documents per corpus file (0: all), ranks (CPU: 2 over gloo; GPU: one device), the suite's size.
+# Per scale: documents per corpus file (0: all), the held-out share of documents, ranks (CPU: 2 over gloo; GPU: one device), the suite's size.
 case "$SCALE" in
     toy)
         DOCS=20
+        VALID=0.2  # of 40 documents: a held-out split to score on
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
         SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]')
@@ -44,6 +45,7 @@ case "$SCALE" in
         ;;
     cpu)
         DOCS=0
+        VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
         SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 8 models x 3 tasks, one seed: ~6 minutes on 2 idle cores
@@ -52,6 +54,7 @@ case "$SCALE" in
         ;;
     gpu)
         DOCS=0
+        VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
         RANKS=1
         SUITE=(seeds='[0,1,2]')
@@ -126,7 +129,7 @@ for path in map(pathlib.Path, paths):
 PY
 run preprocess - data "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
     input="[$OUT/corpus/*.jsonl]" tokenizer="$MINILM" output="$OUT/data" \
-    max_seq_len=128 samples_per_shard=2000 valid_fraction=0.02
+    max_seq_len=128 samples_per_shard=2000 valid_fraction=$VALID
 
 TEACHER="$OUT/teacher/student"
 train() {  # train NAME TEACHER_LABEL VARIANT CONFIG key=value...
