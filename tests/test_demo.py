@@ -2,7 +2,8 @@
 
 Beam DirectRunner preprocessing of demo/corpus.jsonl.gz -> the real deepspeed launcher on two
 CPU ranks distilling the real all-MiniLM-L6-v2 teacher -> registration in a SQLite MLflow store
--> pull -> fill-mask -> fine-tune. Only the number of steps is smaller than in `make demo`.
+-> pull -> fill-mask -> fine-tune -> the student and the teacher on one evaluation-suite task, side by
+side. Only the number of steps and examples is smaller than in `make demo`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
         "DEMO_OUTPUT": str(out),
         "DEMO_MAX_STEPS": "4",
         "DEMO_FT_EPOCHS": "1",
+        "DEMO_SUITE_TRAIN_SIZE": "32",
+        "DEMO_SUITE_VALID_SIZE": "32",
         "PYTHON": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
@@ -59,6 +62,17 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     result = json.loads((out / "finetune" / "metrics.json").read_text())
     assert 0.0 <= result["accuracy"] <= 1.0 and result["total"] == 160
     assert "mlflow ui --backend-store-uri" in proc.stdout  # ends by saying what to run next
+
+    # The student and its teacher on one suite task, side by side, from the suite's own report.
+    suite = json.loads((out / "suite.json").read_text())
+    teacher, student_entry = suite["models"]
+    assert list(suite["tasks"]) == ["debian-section"] and suite["tasks"]["debian-section"]["train_size"] == 32
+    side_by_side = (
+        r"^Student vs teacher \(all-MiniLM-L6-v2\), fine-tuned alike: debian-section \(accuracy, 32 training "
+        rf"examples\): student {student_entry['tasks']['debian-section']['mean']:.3f} \| teacher "
+        rf"{teacher['tasks']['debian-section']['mean']:.3f} \| the student keeps [\d.]+% of the teacher$"
+    )
+    assert re.search(side_by_side, proc.stdout, re.MULTILINE), proc.stdout[-2000:]
 
     # Quiet: no line from the sources silenced at their origin (issue 19) ...
     output = proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from preprocessing.augment import AugmentConfig
 from preprocessing.config import PreprocessConfig
+from trainer.commands.evaluate_mlm import EvaluateMlmConfig
 from trainer.commands.evaluate_suite import SuiteConfig
 from trainer.commands.finetune import FinetuneConfig
 from trainer.commands.task_distill import TaskDistillConfig
@@ -42,6 +43,7 @@ def test_every_key_is_documented():
         ("evaluate-suite", SuiteConfig),
         ("task-distill", TaskDistillConfig),
         ("augment", AugmentConfig),
+        ("evaluate-mlm", EvaluateMlmConfig),
     )
     for section, cls in sections:
         documented = documented_keys(section)

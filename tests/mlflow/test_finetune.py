@@ -118,6 +118,9 @@ def test_sentence_pairs_are_encoded_as_one_sequence_of_two_segments(tiny_student
     (example,) = encode(tokenizer, split.subset([3]), {"0": 0, "1": 1}, 64)
     assert tokenizer.decode(example["input_ids"]) == "[CLS] first text 3 [SEP] second text 3 [SEP]"
     assert example["token_type_ids"] == [0] * 5 + [1] * 4 and example["labels"] == 1
+    # A model with one token-type row (a student built from a config) reads the pair by its [SEP]s alone.
+    (single,) = encode(tokenizer, split.subset([3]), {"0": 0, "1": 1}, 64, token_types=1)
+    assert "token_type_ids" not in single and single["input_ids"] == example["input_ids"]
 
     result = finetune(dataclasses.replace(cfg, epochs=1))
     assert result["total"] == 2 and result["labels"] == ["0", "1"]  # 12 rows, a fifth held out

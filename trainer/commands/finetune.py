@@ -123,8 +123,9 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         if cfg.task == "regression":
             start_at_mean(model, train.labels)
     tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
-    train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len)
-    valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
+    token_types = getattr(model.config, "type_vocab_size", 2)
+    train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len, token_types)
+    valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len, token_types)
     collate = DataCollatorWithPadding(tokenizer)  # pads each batch to its longest example
     metric = PRIMARY_METRIC[cfg.task]
     log.info("fine-tuning %s on %d examples, validating on %d", cfg.model, len(train.texts), len(valid.texts))
@@ -326,10 +327,18 @@ def label_mapping(train: Split, valid: Split, cfg: FinetuneConfig) -> tuple[list
     return names, {name: i for i, name in enumerate(names)}
 
 
-def encode(tokenizer: Any, split: Split, label_ids: dict[str, int], max_seq_len: int) -> list[dict[str, Any]]:
+def encode(
+    tokenizer: Any, split: Split, label_ids: dict[str, int], max_seq_len: int, token_types: int = 2
+) -> list[dict[str, Any]]:
     """Token ids (a pair as ``[CLS] a [SEP] b [SEP]`` with its token types, the longer text truncated
-    first) and the label: its class id, or the float target when there are no classes."""
-    encoded = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_seq_len)
+    first) and the label: its class id, or the float target when there are no classes.
+
+    A model with one token-type row (a student this trainer built from a config, RoBERTa-style) reads
+    a pair by its separators alone: token types of 1 would index past its embedding.
+    """
+    encoded = tokenizer(
+        split.texts, split.pairs, truncation=True, max_length=max_seq_len, return_token_type_ids=token_types > 1
+    )
     labels = [label_ids[str(label)] if label_ids else float(label) for label in split.labels]
     return [{**{key: values[i] for key, values in encoded.items()}, "labels": labels[i]} for i in range(len(labels))]
 

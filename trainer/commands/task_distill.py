@@ -312,8 +312,10 @@ def task_distill(cfg: TaskDistillConfig, config_path: str | None = None) -> dict
     layers = LayerDistillation(cfg.layers, models.teacher.config, models.student.config) if cfg.layers.epochs else None
     trainable = Trainable(models.student, layers).to(ranks.device)
     teacher = models.teacher.to(ranks.device)
-    train_set = encode(models.tokenizer, train, models.label_ids, cfg.max_seq_len)
-    valid_set = encode(models.tokenizer, valid, models.label_ids, cfg.max_seq_len)
+    # Both models read the same ids; a pair's token types only where both have a row for the second text.
+    token_types = min(getattr(m.config, "type_vocab_size", 2) for m in (models.teacher, models.student))
+    train_set = encode(models.tokenizer, train, models.label_ids, cfg.max_seq_len, token_types)
+    valid_set = encode(models.tokenizer, valid, models.label_ids, cfg.max_seq_len, token_types)
     collate = DataCollatorWithPadding(models.tokenizer)
 
     state = resume(output_dir / CHECKPOINT, trainable)

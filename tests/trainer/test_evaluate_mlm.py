@@ -1,0 +1,114 @@
+"""``python -m trainer evaluate-mlm``: held-out masked-LM accuracy, perplexity and top-1 agreement with a
+teacher, on a real preprocessed dataset, checked against the same figures computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+from common.config import ConfigError, load_config
+from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm, main
+from trainer.config import MaskingConfig
+from trainer.objective.masking import DynamicMasker
+from trainer.runtime.data import open_dataset
+from trainer.runtime.evaluate import fixed_masked_batches
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory: pytest.TempPathFactory, tiny_teacher_dir: Path) -> Path:
+    """The tiny teacher with noise on its output bias: some of its guesses change, not all."""
+    dest = Path(shutil.copytree(tiny_teacher_dir, tmp_path_factory.mktemp("other") / "model"))
+    model = AutoModelForMaskedLM.from_pretrained(dest)
+    bias = model.cls.predictions.bias
+    with torch.no_grad():
+        bias += 0.1 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(1))
+    model.save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+def config(*overrides: str) -> EvaluateMlmConfig:
+    return load_config(EvaluateMlmConfig, None, list(overrides))
+
+
+def test_figures_match_a_hand_computation(tiny_dataset_dir: Path, tiny_teacher_dir: Path, other_model: Path) -> None:
+    cfg = config(
+        f"data={tiny_dataset_dir}",
+        f"models={json.dumps([str(other_model)])}",
+        f"teacher={tiny_teacher_dir}",
+        "max_batches=3",
+        "batch_size=8",
+    )
+    report = evaluate_mlm(cfg)
+
+    # By hand: the same fixed mask, both models' top-1 predictions at the masked positions.
+    tokenizer = AutoTokenizer.from_pretrained(other_model)
+    masker = DynamicMasker.from_tokenizer(MaskingConfig(), tokenizer)
+    batches = fixed_masked_batches(
+        open_dataset(tiny_dataset_dir),
+        masker,
+        micro_batch_size=8,
+        max_batches=3,
+        seed=0,
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+    )
+    student, teacher = (AutoModelForMaskedLM.from_pretrained(p).eval() for p in (other_model, tiny_teacher_dir))
+    correct = agree = total = 0
+    loss_sum = 0.0
+    with torch.no_grad():
+        for masked, attention_mask in batches:
+            s_logits = student(input_ids=masked.input_ids, attention_mask=attention_mask).logits
+            t_logits = teacher(input_ids=masked.input_ids, attention_mask=attention_mask).logits
+            labels = masked.labels  # the dense form: the original id where chosen, -100 elsewhere
+            chosen = labels != -100
+            s_top, t_top = s_logits.argmax(-1)[chosen], t_logits.argmax(-1)[chosen]
+            correct += int((s_top == labels[chosen]).sum())
+            agree += int((s_top == t_top).sum())
+            total += int(chosen.sum())
+            loss_sum += float(torch.nn.functional.cross_entropy(s_logits[chosen], labels[chosen], reduction="sum"))
+
+    [entry] = report["models"]
+    assert entry["masked_tokens"] == total > 50
+    assert entry["mlm_accuracy"] == pytest.approx(correct / total)
+    assert entry["top1_agreement"] == pytest.approx(agree / total)
+    assert entry["mlm_loss"] == pytest.approx(loss_sum / total, rel=1e-4)
+    assert entry["perplexity"] == pytest.approx(math.exp(entry["mlm_loss"]))
+    assert 0 < entry["top1_agreement"] < 1  # a different model: neither all nor none of its guesses agree
+    assert report["teacher"]["model"] == str(tiny_teacher_dir) and report["teacher"]["mlm_accuracy"] >= 0
+
+
+def test_a_model_agrees_with_itself_and_a_headless_teacher_gives_no_agreement(
+    tiny_dataset_dir: Path,
+    tiny_teacher_dir: Path,
+    bert_tokenizer_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "mlm.json"
+    args = [str(tiny_teacher_dir), f"data={tiny_dataset_dir}", "max_batches=2", "batch_size=8"]
+    assert main([*args, f"teacher={tiny_teacher_dir}", f"output={out}"]) == 0
+    report = json.loads(out.read_text())
+    [entry] = report["models"]
+    assert entry["top1_agreement"] == 1.0 and entry["mlm_loss"] == pytest.approx(report["teacher"]["mlm_loss"])
+    assert "top-1 agreement with the teacher 1.0000" in capsys.readouterr().out
+
+    headless = evaluate_mlm(
+        config(*args[1:], f"models={json.dumps([str(tiny_teacher_dir)])}", f"teacher={bert_tokenizer_dir}")
+    )  # all-MiniLM-L6-v2: no MLM head
+    assert headless["teacher"] is None and headless["models"][0]["top1_agreement"] is None
+
+
+def test_bad_input_names_the_key(tiny_dataset_dir: Path, bert_tokenizer_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^masking\.frequency_smoothing: held-out scores use a uniform mask"):
+        config(f"data={tiny_dataset_dir}", 'models=["m"]', "masking.frequency_smoothing=0.7")
+    with pytest.raises(ConfigError, match=r"^models: name at least one model"):
+        config(f"data={tiny_dataset_dir}")
+    with pytest.raises(ConfigError, match=r"^models: .* has no masked-LM head to score"):
+        evaluate_mlm(config(f"data={tiny_dataset_dir}", f"models={json.dumps([str(bert_tokenizer_dir)])}"))

@@ -1,0 +1,145 @@
+"""``python -m trainer evaluate-mlm MODEL [MODEL ...] data=DATASET_DIR [teacher=DIR] [key=value ...]``.
+
+Held-out masked-LM quality of finished models, all scored on the same tokens: the first
+``max_batches`` batches of the dataset's valid split, masked once (``masking``, by default BERT's
+uniform 15 %) from ``seed``, exactly as a training run's periodic evaluation masks them
+(:func:`trainer.runtime.evaluate.fixed_masked_batches`). For each model: masked-LM loss, perplexity
+(exp of the loss) and accuracy; with a ``teacher`` that has a masked-LM head, also the teacher's
+own figures and each model's top-1 agreement with it (the share of masked positions where both
+predict the same token), the measure DistilBERT-style distillation optimises most directly. A
+teacher without a head (an encoder such as all-MiniLM-L6-v2) has no predictions to agree with:
+agreement is then null. Models trained from different runs, with different masking, are compared
+here on one mask, which a training run's own ``eval/`` metrics cannot do.
+
+Prints one line per model and writes the figures as JSON to ``output`` (atomically).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from dataclasses import field
+from typing import Any
+
+import torch
+
+from common.atomic import write_text_atomically
+from common.config import ConfigError, load_config, require
+from common.tokenizer import load_tokenizer, tokenizer_identity
+from trainer.config import MaskingConfig, ObjectiveConfig
+from trainer.modeling import has_mlm_head, load_model_config, load_teacher
+from trainer.objective.distiller import Distiller, eval_metrics
+from trainer.objective.masking import DynamicMasker
+from trainer.runtime.data import check_tokenizer, open_dataset
+from trainer.runtime.evaluate import fixed_masked_batches, masked_lm_sums
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EvaluateMlmConfig:
+    data: str  # a dataset written by `python -m preprocessing`; its valid split is scored
+    models: list[str] = field(default_factory=list)  # Hugging Face masked-LM directories
+    teacher: str | None = None  # agreement is measured against it (when it has a masked-LM head)
+    max_batches: int = 50
+    batch_size: int = 32
+    seed: int = 0
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    output: str | None = None  # the JSON report; None: printed only
+
+    def validate(self) -> None:
+        require(len(self.models) >= 1, "models", "name at least one model to evaluate")
+        require(self.max_batches >= 1, "max_batches", "must be >= 1")
+        require(self.batch_size >= 1, "batch_size", "must be >= 1")
+        require(
+            self.masking.frequency_smoothing is None,
+            "masking.frequency_smoothing",
+            "held-out scores use a uniform mask, the one every model can be compared on; leave it null",
+        )
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip() + "\n\nEvery config key is listed in docs/config.md.")
+        return 0
+    if any(arg.startswith("-") for arg in argv):
+        raise ConfigError("arguments are MODEL [MODEL ...] data=DATASET_DIR [key=value ...] (see --help)")
+    models = [arg for arg in argv if "=" not in arg]
+    overrides = [arg for arg in argv if "=" in arg]
+    if models:
+        overrides.append("models=" + json.dumps(models))
+    cfg = load_config(EvaluateMlmConfig, None, overrides)
+    report = evaluate_mlm(cfg)
+    for entry in report["models"]:
+        print(format_line(entry))
+    if cfg.output:
+        print(f"written to {cfg.output}")
+    return 0
+
+
+def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
+    """Score every model (and the teacher) on one fixed-mask set of valid batches; the report, also
+    written to ``cfg.output``."""
+    dataset = open_dataset(cfg.data)
+    for model in cfg.models:
+        require(has_mlm_head(load_model_config(model, "models")), "models", f"{model} has no masked-LM head to score")
+    device = torch.device("cpu")
+    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32)
+    teacher_scored = teacher is not None and has_mlm_head(teacher.config)
+    batches: list = []
+    results = []
+    teacher_entry = None
+    for model in cfg.models:
+        tokenizer = load_tokenizer(model)
+        check_tokenizer(dataset, tokenizer_identity(tokenizer, model), model, "models")
+        if not batches:  # every model reads the dataset's tokenizer (checked above), so one mask serves all
+            masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, device=device)
+            batches = fixed_masked_batches(
+                dataset,
+                masker,
+                micro_batch_size=cfg.batch_size,
+                max_batches=cfg.max_batches,
+                seed=cfg.seed,
+                rank=0,
+                world_size=1,
+                device=device,
+            )
+            require(bool(batches), "data", f"{cfg.data} has no valid split to evaluate on")
+        student = load_teacher(model, torch.float32)  # frozen, eval mode: exactly how it is read here
+        objective = ObjectiveConfig(ce=0.0, mlm=1.0, cos=0.0, mse=0.0)  # evaluate() reads no loss weight
+        sums = masked_lm_sums(Distiller(student, teacher if teacher_scored else None, objective), batches)
+        metrics = eval_metrics({k: v.item() for k, v in sums.items()})
+        results.append(
+            {
+                "model": model,
+                **describe(metrics["student_mlm_loss"], metrics["student_mlm_accuracy"]),
+                "top1_agreement": metrics.get("top1_agreement"),  # None: no teacher, or one without a head
+                "masked_tokens": int(sums["predicted"].item()),
+            }
+        )
+        if teacher_scored and teacher_entry is None:  # the teacher's figures are the same for every model
+            teacher_entry = {
+                "model": cfg.teacher,
+                **describe(metrics["teacher_mlm_loss"], metrics["teacher_mlm_accuracy"]),
+            }
+    report = {"models": results, "teacher": teacher_entry, "data": cfg.data, "config": dataclasses.asdict(cfg)}
+    if cfg.output:
+        write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def describe(loss: float, accuracy: float) -> dict[str, float]:
+    """Loss and accuracy over the masked tokens, and the perplexity the loss implies."""
+    return {"mlm_loss": loss, "perplexity": math.exp(loss), "mlm_accuracy": accuracy}
+
+
+def format_line(entry: dict[str, Any]) -> str:
+    agreement = entry["top1_agreement"]
+    agreement_text = "n/a (no teacher head)" if agreement is None else f"{agreement:.4f}"
+    return (
+        f"{entry['model']}: masked-LM accuracy {entry['mlm_accuracy']:.4f} | perplexity {entry['perplexity']:.2f} "
+        f"| loss {entry['mlm_loss']:.4f} | top-1 agreement with the teacher {agreement_text} "
+        f"| {entry['masked_tokens']} masked tokens"
+    )
