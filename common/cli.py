@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -27,6 +28,23 @@ def split_config_args(args: list[str], usage: str | None = None) -> tuple[str | 
     if args and "=" not in args[0]:
         return args[0], list(args[1:])
     return None, list(args)
+
+
+def split_model_args(args: list[str], usage: str | None = None) -> tuple[str | None, list[str]]:
+    """``MODEL [MODEL ...] [CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides), the
+    models handed on as one more override, ``models=[...]``. ``-h``/``--help`` as for
+    :func:`split_config_args`."""
+    if args and args[0] in ("-h", "--help"):
+        split_config_args(args, usage)
+    if any(arg.startswith("-") for arg in args):
+        raise ConfigError("arguments are MODEL [MODEL ...] [CONFIG.yaml] [key=value ...] (see --help)")
+    positional = [arg for arg in args if "=" not in arg]
+    configs = [arg for arg in positional if arg.endswith((".yaml", ".yml"))]
+    if len(configs) > 1:
+        raise ConfigError(f"at most one CONFIG.yaml, got {configs}")
+    models = [arg for arg in positional if arg not in configs]
+    overrides = [arg for arg in args if "=" in arg] + ([f"models={json.dumps(models)}"] if models else [])
+    return (configs[0] if configs else None), overrides
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:

@@ -99,3 +99,18 @@ def test_cli_help_and_unknown_options(capsys):
     assert exited.value.code == 0 and "usage: python -m thing" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="unknown option '--workers'"):
         split_config_args(["--workers", "2"])
+
+
+def test_model_commands_take_models_an_optional_config_and_overrides(capsys):
+    from common.cli import split_model_args
+
+    assert split_model_args(["m1", "models:/s@a", "seeds=[0]"]) == (None, ["seeds=[0]", 'models=["m1", "models:/s@a"]'])
+    assert split_model_args(["m1", "suite.yaml", "lr=1e-4"]) == ("suite.yaml", ["lr=1e-4", 'models=["m1"]'])
+    assert split_model_args(["a.yaml"]) == ("a.yaml", [])
+    with pytest.raises(ConfigError, match=r"at most one CONFIG\.yaml"):
+        split_model_args(["m", "a.yaml", "b.yml"])
+    with pytest.raises(ConfigError, match=r"arguments are MODEL \[MODEL \.\.\.\]"):
+        split_model_args(["m", "--seeds", "2"])
+    with pytest.raises(SystemExit) as exited:
+        split_model_args(["-h"], "usage: python -m trainer evaluate-x MODEL")
+    assert exited.value.code == 0 and "evaluate-x MODEL" in capsys.readouterr().out

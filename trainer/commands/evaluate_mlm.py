@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from common.atomic import write_text_atomically
-from common.config import ConfigError, load_config, require
+from common.cli import split_model_args
+from common.config import load_config, require
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.config import MaskingConfig, ObjectiveConfig
 from trainer.modeling import has_mlm_head, load_model_config, load_teacher
@@ -61,16 +62,8 @@ class EvaluateMlmConfig:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\nEvery config key is listed in docs/config.md.")
-        return 0
-    if any(arg.startswith("-") for arg in argv):
-        raise ConfigError("arguments are MODEL [MODEL ...] data=DATASET_DIR [key=value ...] (see --help)")
-    models = [arg for arg in argv if "=" not in arg]
-    overrides = [arg for arg in argv if "=" in arg]
-    if models:
-        overrides.append("models=" + json.dumps(models))
-    cfg = load_config(EvaluateMlmConfig, None, overrides)
+    config, overrides = split_model_args(argv, __doc__)
+    cfg = load_config(EvaluateMlmConfig, config, overrides)
     report = evaluate_mlm(cfg)
     for entry in report["models"]:
         print(format_line(entry))

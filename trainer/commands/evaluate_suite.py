@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_text_atomically
+from common.cli import split_model_args
 from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
 from trainer.config import MlflowConfig
@@ -74,19 +75,8 @@ class SuiteConfig:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\nEvery config key is listed in docs/config.md.")
-        return 0
-    if any(arg.startswith("-") for arg in argv):
-        raise ConfigError("arguments are MODEL [MODEL ...] [CONFIG.yaml] [key=value ...] (see --help)")
-    models = [arg for arg in argv if "=" not in arg and not arg.endswith((".yaml", ".yml"))]
-    configs = [arg for arg in argv if "=" not in arg and arg.endswith((".yaml", ".yml"))]
-    if len(configs) > 1:
-        raise ConfigError(f"at most one CONFIG.yaml, got {configs}")
-    overrides = [arg for arg in argv if "=" in arg]
-    if models:
-        overrides.append("models=" + json.dumps(models))
-    cfg = load_config(SuiteConfig, configs[0] if configs else None, overrides)
+    config, overrides = split_model_args(argv, __doc__)
+    cfg = load_config(SuiteConfig, config, overrides)
     report = evaluate_suite(cfg)
     print(format_table(report))
     print(f"written to {cfg.output}")
