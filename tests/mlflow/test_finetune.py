@@ -6,10 +6,14 @@ import csv
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from safetensors.torch import load_file
 
 from common.config import ConfigError, load_config
@@ -19,8 +23,8 @@ from trainer.commands.finetune import (
     encode,
     finetune,
     hold_out,
-    ranks,
     read_dataset,
+    spearman_ranks,
     start_at_mean,
 )
 
@@ -151,7 +155,7 @@ def test_regression_reports_what_its_model_predicts(tiny_student_dir, tmp_path):
         predicted = model(**batch).logits.squeeze(-1)
     target = torch.tensor(valid.labels)
     assert result["pearson"] == pytest.approx(correlation(predicted, target), abs=1e-4)
-    assert result["spearman"] == pytest.approx(correlation(ranks(predicted), ranks(target)), abs=1e-4)
+    assert result["spearman"] == pytest.approx(correlation(spearman_ranks(predicted), spearman_ranks(target)), abs=1e-4)
     assert result["loss"] == pytest.approx(float(((predicted - target) ** 2).mean()), rel=1e-3)
 
 
@@ -165,7 +169,8 @@ def test_regression_output_starts_at_the_mean_target(tiny_student_dir):
 
 
 def test_rank_correlation_and_bad_regression_labels(tiny_student_dir, tmp_path):
-    assert ranks(torch.tensor([10.0, 30.0, 20.0, 20.0])).tolist() == [1.0, 4.0, 2.5, 2.5]  # ties share their mean
+    ties = torch.tensor([10.0, 30.0, 20.0, 20.0])
+    assert spearman_ranks(ties).tolist() == [1.0, 4.0, 2.5, 2.5]  # ties share their mean
     assert correlation(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 7.0])) == pytest.approx(0.9934, abs=1e-4)
     assert correlation(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 2.0, 3.0])) == 0.0  # constant: no correlation
 
@@ -175,3 +180,51 @@ def test_rank_correlation_and_bad_regression_labels(tiny_student_dir, tmp_path):
         finetune(config(tiny_student_dir, bad, tmp_path / "o", "task=regression"))
     with pytest.raises(ConfigError, match="task: must be one of classification, regression, got 'ranking'"):
         config(tiny_student_dir, bad, tmp_path / "o", "task=ranking")
+
+
+def test_two_ranks_through_the_deepspeed_launcher_optimise_the_one_process_run(tiny_student_dir, tmp_path):
+    """``deepspeed launch/run.sh finetune ...`` on two CPU ranks (gloo) takes the same steps as one process:
+    each rank's share of a batch of 7 (4 and 3 rows, an uneven split) is weighted so that the averaged
+    gradient is the whole batch's. Dropout is off (its masks are drawn per rank), so the weights match
+    to float rounding (the two ranks sum the batch in another order)."""
+    from transformers import AutoModelForMaskedLM
+
+    model_dir = tmp_path / "no-dropout"
+    model = AutoModelForMaskedLM.from_pretrained(
+        tiny_student_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_student_dir / name).is_file():
+            (model_dir / name).write_bytes((tiny_student_dir / name).read_bytes())
+    overrides = ["epochs=2", "batch_size=7", "lr=3.0e-3", "log_every_steps=1"]
+    one = finetune(config(model_dir, DOCS, tmp_path / "one", *overrides))
+
+    args = [f"model={model_dir}", f"data={DOCS}", f"output_dir={tmp_path / 'two'}", "max_seq_len=64"]
+    deepspeed = Path(sys.executable).parent / "deepspeed"
+    command = [
+        str(deepspeed),
+        "--num_gpus",
+        "2",
+        "launch/run.sh",
+        "finetune",
+        *args,
+        "mlflow.enabled=false",
+        *overrides,
+    ]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert two["steps"] == one["steps"] and two["total"] == one["total"]
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-4)
+    first = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    second = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    assert first.keys() == second.keys()
+    for key in first:
+        # A key bias adds the same amount to every score of a query, which softmax ignores: its true
+        # gradient is 0, so what it gets is rounding noise, which Adam scales up to steps of size lr.
+        if not key.endswith("attention.self.key.bias"):
+            torch.testing.assert_close(second[key], first[key], rtol=0, atol=1e-5, msg=key)

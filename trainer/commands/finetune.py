@@ -10,6 +10,12 @@ configurable; ``text_pair_column`` adds a second text, encoded as a sentence pai
 ``validation`` split, else a held-out ``valid_fraction`` chosen by ``seed``. A plain torch loop
 that runs on a laptop CPU, deterministic for a seed. Logged to MLflow like training (experiment
 ``finetune``); ``mlflow.register_as`` registers the classifier too.
+
+Several GPUs (or nodes): ``deepspeed launch/run.sh finetune [CONFIG.yaml] key=value ...`` (or
+``torchrun``). Data parallel (``trainer/runtime/ranks.py``): each rank computes its share of every
+batch of ``batch_size`` and the ranks average their gradients, so the optimisation is the
+one-process run's (the same up to float rounding and dropout, whose masks are drawn per rank); rank 0
+validates, writes the model and records to MLflow.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from common.config import ConfigError, flatten, load_config, require, to_dict
 from trainer.config import MlflowConfig
 from trainer.runtime.metrics import duration
 from trainer.runtime.optim import build_scheduler, param_groups
+from trainer.runtime.ranks import average_gradients, init_ranks, mean_over_ranks
 from trainer.tracking.registry import register_or_explain
-from trainer.tracking.tracker import RunSpec, open_tracker
+from trainer.tracking.tracker import NullTracker, RunSpec, open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,8 @@ def main(argv: list[str]) -> int:
     path, overrides = split_config_args(argv, __doc__)
     cfg = load_config(FinetuneConfig, path, overrides)
     result = finetune(cfg, config_path=path)
+    if not result:  # a rank other than 0: rank 0 reports
+        return 0
     if cfg.task == "regression":
         print(f"validation pearson {result['pearson']:.4f} spearman {result['spearman']:.4f} ({result['total']})")
     else:
@@ -104,9 +113,11 @@ def main(argv: list[str]) -> int:
 
 
 def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, Any]:
-    """Fine-tune ``cfg.model`` on ``cfg.data``; returns the validation metrics (also in metrics.json)."""
+    """Fine-tune ``cfg.model`` on ``cfg.data``; returns the validation metrics (also in metrics.json) on
+    rank 0, ``{}`` elsewhere."""
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
+    ranks = init_ranks()
     train, valid = load_splits(cfg)  # bad data fails here, before a model is downloaded
     names, label_ids = label_mapping(train, valid, cfg)
     output_dir = Path(cfg.output_dir)
@@ -122,13 +133,22 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
         model = load_classifier(model_dir, head)
         if cfg.task == "regression":
             start_at_mean(model, train.labels)
-    tracker = open_tracker(cfg.mlflow, run_spec(cfg, config_path, source, names))
+    model.to(ranks.device)
+    spec = run_spec(cfg, config_path, source, names)
+    tracker = open_tracker(cfg.mlflow, spec) if ranks.leader else NullTracker(cfg.mlflow)
     token_types = getattr(model.config, "type_vocab_size", 2)
     train_set = encode(tokenizer, train, label_ids, cfg.max_seq_len, token_types)
     valid_set = encode(tokenizer, valid, label_ids, cfg.max_seq_len, token_types)
-    collate = DataCollatorWithPadding(tokenizer)  # pads each batch to its longest example
+    collate = on_device(DataCollatorWithPadding(tokenizer), ranks.device)  # pads a batch to its longest example
     metric = PRIMARY_METRIC[cfg.task]
-    log.info("fine-tuning %s on %d examples, validating on %d", cfg.model, len(train.texts), len(valid.texts))
+    log.info(
+        "fine-tuning %s on %d examples, validating on %d, rank %d of %d",
+        cfg.model,
+        len(train.texts),
+        len(valid.texts),
+        ranks.rank,
+        ranks.world_size,
+    )
 
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     total_steps = cfg.epochs * steps_per_epoch
@@ -141,9 +161,10 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         for indices in torch.randperm(len(train_set), generator=order).split(cfg.batch_size):
-            batch = collate([train_set[i] for i in indices])
-            loss = model(**batch).loss
+            rows, weight = ranks.share(indices)
+            loss = model(**collate([train_set[i] for i in rows])).loss * weight
             loss.backward()
+            average_gradients(list(model.parameters()), ranks)
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
@@ -151,6 +172,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step % cfg.log_every_steps == 0 or step == total_steps:
+                loss = mean_over_ranks(loss.detach(), ranks)  # the batch's mean loss
                 metrics = {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0], "train/epoch": epoch}
                 tracker.log_metrics(metrics, step)
                 elapsed = time.perf_counter() - started
@@ -163,15 +185,19 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
                     duration(elapsed),
                     duration(eta),
                 )
-        result = evaluate(model, collate, valid_set, cfg.batch_size)
-        tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
-        log.info("epoch %d | validation %s %.4f | loss %.4f", epoch, metric, result[metric], result["loss"])
+        if ranks.leader:
+            result = evaluate(model, collate, valid_set, cfg.batch_size)
+            tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
+            log.info("epoch %d | validation %s %.4f | loss %.4f", epoch, metric, result[metric], result["loss"])
+        ranks.barrier()
 
-    model_out = save_model(model, tokenizer, output_dir / "model")
-    result.update(steps=step, labels=names, model=str(model_out), source=source)
-    write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
-    tracker.finish({f"eval/{metric}": result[metric]})
-    register_or_explain(model_out, cfg.mlflow, tracker, task="text-classification")
+    if ranks.leader:
+        model_out = save_model(model, tokenizer, output_dir / "model")
+        result.update(steps=step, labels=names, model=str(model_out), source=source)
+        write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
+        tracker.finish({f"eval/{metric}": result[metric]})
+        register_or_explain(model_out, cfg.mlflow, tracker, task="text-classification")
+    ranks.close()
     return result
 
 
@@ -362,6 +388,15 @@ def resolve_model(uri: str, mlflow: MlflowConfig, scratch: Path, key: str = "mod
 PRIMARY_METRIC = {"classification": "accuracy", "regression": "pearson"}  # what a run is scored by
 
 
+def on_device(collate: Any, device: torch.device) -> Any:
+    """``collate``, with the batch it makes moved to ``device``."""
+
+    def collate_on_device(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return {key: value.to(device) for key, value in collate(rows).items()}
+
+    return collate_on_device
+
+
 @torch.no_grad()
 def evaluate(model: Any, collate: Any, examples: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
     """Validation loss and score: accuracy (with the counts), or for a one-output regression head
@@ -377,7 +412,8 @@ def evaluate(model: Any, collate: Any, examples: list[dict[str, Any]], batch_siz
     predicted, target = torch.cat(predictions), torch.cat(targets)
     result: dict[str, Any] = {"total": len(examples), "loss": loss_sum / len(examples)}
     if predicted.is_floating_point():
-        result.update(pearson=correlation(predicted, target), spearman=correlation(ranks(predicted), ranks(target)))
+        spearman = correlation(spearman_ranks(predicted), spearman_ranks(target))
+        result.update(pearson=correlation(predicted, target), spearman=spearman)
     else:
         correct = int((predicted == target).sum())
         result.update(accuracy=correct / len(examples), correct=correct)
@@ -390,7 +426,7 @@ def correlation(x: torch.Tensor, y: torch.Tensor) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def ranks(values: torch.Tensor) -> torch.Tensor:
+def spearman_ranks(values: torch.Tensor) -> torch.Tensor:
     """Ranks from 1, ties given their mean rank (as Spearman's coefficient needs)."""
     _, inverse, counts = torch.unique(values.double(), return_inverse=True, return_counts=True)
     first = torch.cumsum(counts, 0) - counts + 1

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import tempfile
 import time
 from dataclasses import field
@@ -56,6 +55,7 @@ from trainer.commands.finetune import (
     evaluate,
     load_classifier,
     load_splits,
+    on_device,
     resolve_model,
     save_model,
 )
@@ -65,6 +65,7 @@ from trainer.objective.layer_distillation import LayerDistillation, layer_term_w
 from trainer.objective.losses import kl_distillation_loss, logit_mse_loss
 from trainer.runtime.metrics import duration
 from trainer.runtime.optim import build_scheduler, param_groups
+from trainer.runtime.ranks import Ranks, average_gradients, init_ranks
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import NullTracker, RunSpec, Tracker
 
@@ -245,49 +246,6 @@ def check_same_vocabulary(teacher_dir: Path, student_dir: Path) -> None:
         )
 
 
-# ------------------------------------------------------------------------------------------- processes
-@dataclasses.dataclass
-class Ranks:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            torch.distributed.barrier()
-
-
-def init_ranks() -> Ranks:
-    """One process, or the rank the launcher's environment names (gloo on CPU, NCCL on GPUs)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if world_size == 1:
-        return Ranks(device=device)
-    import torch.distributed as dist
-
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    return Ranks(dist.get_rank(), world_size, device)
-
-
-def average_gradients(parameters: list[nn.Parameter], ranks: Ranks) -> None:
-    """Every rank ends the step with the mean of the ranks' gradients (what DDP does, without its hooks,
-    because the loss is not the module's own forward)."""
-    if ranks.world_size == 1:
-        return
-    for p in parameters:
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad)
-            p.grad /= ranks.world_size
-
-
 # ----------------------------------------------------------------------------------------------- the loop
 class Trainable(nn.Module):
     """What trains: the student, and the layer methods' learned projections (never exported)."""
@@ -316,7 +274,7 @@ def task_distill(cfg: TaskDistillConfig, config_path: str | None = None) -> dict
     token_types = min(getattr(m.config, "type_vocab_size", 2) for m in (models.teacher, models.student))
     train_set = encode(models.tokenizer, train, models.label_ids, cfg.max_seq_len, token_types)
     valid_set = encode(models.tokenizer, valid, models.label_ids, cfg.max_seq_len, token_types)
-    collate = DataCollatorWithPadding(models.tokenizer)
+    collate = on_device(DataCollatorWithPadding(models.tokenizer), ranks.device)
 
     state = resume(output_dir / CHECKPOINT, trainable)
     tracking = StageRuns(cfg, config_path, models.sources, state.setdefault("runs", {}), ranks)
@@ -340,9 +298,7 @@ def task_distill(cfg: TaskDistillConfig, config_path: str | None = None) -> dict
     result: dict[str, Any] = {}
     if ranks.leader:
         result = finish(cfg, trainable.student, models.tokenizer, state, output_dir, tracking)
-    ranks.barrier()
-    if ranks.world_size > 1:
-        torch.distributed.destroy_process_group()
+    ranks.close()
     return result
 
 
@@ -426,12 +382,12 @@ class StageLoop:
     def train_step(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
         """One optimizer step on this rank's share of the batch; returns the weighted terms and their sum."""
         ranks = self.ranks
-        share = [self.train_set[i] for i in indices[ranks.rank :: ranks.world_size].tolist()]
-        batch = {k: v.to(ranks.device) for k, v in self.collate(share).items()}
+        rows, weight = ranks.share(indices)
+        batch = self.collate([self.train_set[i] for i in rows.tolist()])
         self.trainable.train()
         terms = self.layer_terms(batch) if self.stage == "layers" else self.prediction_terms(batch)
         loss = sum(terms.values())
-        loss.backward()
+        (loss * weight).backward()
         average_gradients(self.parameters, ranks)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.grad_clip)
@@ -471,12 +427,7 @@ class StageLoop:
         """Rank 0 scores the student; a new best is written to ``OUTPUT/best`` (atomically)."""
         if self.ranks.leader:
             metric = PRIMARY_METRIC[self.cfg.task]
-            device = self.ranks.device
-
-            def collate_on_device(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-                return {key: value.to(device) for key, value in self.collate(rows).items()}
-
-            result = evaluate(self.trainable.student, collate_on_device, self.valid_set, self.cfg.batch_size)
+            result = evaluate(self.trainable.student, self.collate, self.valid_set, self.cfg.batch_size)
             tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
             best = state.get("best")
             improved = best is None or result[metric] > best[metric]
