@@ -48,7 +48,7 @@ case "$SCALE" in
         VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
-        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 8 models x 3 tasks, one seed: ~6 minutes on 2 idle cores
+        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 9 models x 3 tasks, one seed: 17 min measured (load 3)
         MINILM_VARIANTS=(c e)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
         MLM=(max_batches=25 batch_size=32)
         ;;
