@@ -92,8 +92,11 @@ class AugmentConfig:
         require((Path(self.mlm) / "config.json").is_file(), "mlm", f"{self.mlm} is not a Hugging Face model directory")
 
     def beam_options(self) -> dict[str, Any]:
+        """For the DirectRunner, worker threads: Beam's default ``in_memory`` mode would run one
+        worker whatever ``direct_num_workers`` says; the MLM's forward passes release the GIL."""
         if self.beam.get("runner", "DirectRunner") in DIRECT_RUNNERS:
-            return {**LOGGING_DEFAULTS, "runner": "DirectRunner", "direct_num_workers": 1, **self.beam}
+            threads = {"direct_num_workers": 1, "direct_running_mode": "multi_threading"}
+            return {**LOGGING_DEFAULTS, "runner": "DirectRunner", **threads, **self.beam}
         return {**LOGGING_DEFAULTS, **self.beam}
 
 

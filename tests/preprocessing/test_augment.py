@@ -20,8 +20,7 @@ TEXTS = [
     "The json module reads and writes structured data.",
 ]
 
-# Two worker threads, each writing shards (Beam's default in_memory mode would run one whatever the count).
-TWO_WORKERS = {"direct_num_workers": 2, "direct_running_mode": "multi_threading"}
+TWO_WORKERS = {"direct_num_workers": 2}  # two worker threads, each writing shards
 
 
 @pytest.fixture
