@@ -19,14 +19,15 @@ and variant, each original first; labels and other columns copied) and ``augment
 config and the counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON
 object, a missing or empty text column) is a counted, reported skip, as for corpora.
 
-Memory: no step holds the dataset, which TinyBERT's 20 variants make 21 times the input. Workers
-read the input files (the driver only lists them); each example is keyed to a shard by its file
-and line alone (``lines_per_shard`` lines each); one worker sorts a shard and writes it as one gzip
-member into a work directory inside the output; the driver then streams the members, in shard
-order, into ``train.jsonl.gz`` (gzip members laid end to end are one gzip stream). So the driver
-and each worker hold at most one shard. What the runner keeps between steps is its own: the
-DirectRunner buffers each step's output in its memory; distributed runners shuffle through disk.
-Workers write into the output directory, so it must be on a filesystem they share with the driver.
+Memory: none of this tool's steps holds the dataset, which TinyBERT's 20 variants make 21 times
+the input. Workers read the input files (the driver only lists them); each example is keyed to a
+shard by its file and line alone (``lines_per_shard`` lines each); one worker sorts a shard and
+writes it as one gzip member into a work directory inside the output; the driver then streams the
+members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end are one gzip
+stream). So the driver and each worker hold at most one shard. What the runner keeps between steps
+is its own: the DirectRunner buffers each step's output in its memory; distributed runners shuffle
+through disk. Workers write into the output directory, so it must be on a filesystem they share
+with the driver.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ OUTPUT_FILE = "train.jsonl.gz"
 SUMMARY_FILE = "augment.json"
 WORK_DIR = "shards"  # inside the output directory while the pipeline runs; removed after
 WORD = re.compile(r"\w+")
-# transformers builds a model under a process-wide "meta device" context: two DirectRunner worker
-# threads loading the MLM at once would see each other's context. One load at a time.
+# Two DirectRunner worker threads setting up at once: transformers' first import (a lazy module)
+# fails in one of them ("cannot import name"), and it builds a model under a process-wide "meta
+# device" context that the other would see. One import and load at a time.
 LOAD_LOCK = threading.Lock()
 
 
@@ -152,17 +154,16 @@ class MaskedLmCandidates:
     """For each word of a text, the masked-LM's top-k whole-word replacements (empty: none)."""
 
     def __init__(self, model_dir: str, top_k: int, max_seq_len: int) -> None:
-        import torch
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
+        with LOAD_LOCK:
+            import torch
+            from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            if self.tokenizer.mask_token is None:
+                raise ConfigError(f"mlm: the tokenizer of {model_dir} has no mask token")
+            self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
         torch.set_num_threads(1)  # one worker, one core: the runner decides the parallelism
         self.torch = torch
-        with LOAD_LOCK:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if self.tokenizer.mask_token is None:
-            raise ConfigError(f"mlm: the tokenizer of {model_dir} has no mask token")
-        with LOAD_LOCK:
-            self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
         self.top_k, self.max_seq_len = top_k, max_seq_len
         vocab = self.tokenizer.get_vocab()
         special = set(self.tokenizer.all_special_ids)
