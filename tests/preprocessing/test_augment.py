@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ TEXTS = [
     "The json module reads and writes structured data.",
 ]
 
+REPO = Path(__file__).resolve().parents[2]
 TWO_WORKERS = {"direct_num_workers": 2}  # two worker threads, each writing shards
 
 
@@ -106,6 +110,23 @@ def test_glob_input_is_written_in_shards_whole_in_order_and_the_same_for_any_wor
     output = tmp_path / "one" / OUTPUT_FILE
     split = read_dataset(output, FinetuneConfig(model="unused", data=str(output), output_dir="unused"))["train"]
     assert split.texts == [row["text"] for row in rows] and split.labels == [row["label"] for row in rows]
+
+
+def test_command_line_with_two_worker_threads(two_task_files, tiny_teacher_dir, tmp_path):
+    """A fresh process, where the two worker threads are the first to import transformers, at once."""
+    pattern, examples = two_task_files
+    out = tmp_path / "out"
+    args = [f"input={pattern}", f"mlm={tiny_teacher_dir}", f"output={out}", "variants=2", "top_k=5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocessing.augment", *args, "lines_per_shard=2", "beam.direct_num_workers=2"],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts == json.loads((out / SUMMARY_FILE).read_text())["counts"] and counts["examples"] == len(examples)
 
 
 def test_bad_config_names_the_key(task_file, tmp_path):
