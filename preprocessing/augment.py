@@ -11,25 +11,40 @@ word gives both kinds an MLM candidate without a second model. The candidates of
 computed once per example (one forward pass per word, all words of an example in one batch) and
 every variant draws from them, so the MLM cost does not grow with ``variants``.
 
-Deterministic for a seed: a variant's choices come from a generator seeded by (seed, example
-index, variant), and the candidates from the model alone, so any runner with any number of
-workers writes the same file. The output directory holds ``train.jsonl.gz`` (sorted by example,
-the original first; labels and other columns copied) and ``augment.json`` (the config and the
-counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON object, a
-missing or empty text column) is a counted, reported skip, as for corpora.
+Deterministic for a seed: a variant's choices come from a generator seeded by (seed, example,
+variant), where an example is named by its file's place among the sorted matches of ``input`` and
+its line number, and the candidates come from the model alone, so any runner with any number of
+workers writes the same file. The output directory holds ``train.jsonl.gz`` (sorted by file, line
+and variant, each original first; labels and other columns copied) and ``augment.json`` (the
+config and the counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON
+object, a missing or empty text column) is a counted, reported skip, as for corpora.
+
+Memory: none of this tool's steps holds the dataset, which TinyBERT's 20 variants make 21 times
+the input. Workers read the input files (the driver only lists them); each example is keyed to a
+shard by its file and line alone (``lines_per_shard`` lines each); one worker sorts a shard and
+writes it as one gzip member into a work directory inside the output; the driver then streams the
+members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end are one gzip
+stream). So the driver and each worker hold at most one shard. What the runner keeps between steps
+is its own: the DirectRunner buffers each step's output in its memory; distributed runners shuffle
+through disk. Workers write into the output directory, so it must be on a filesystem they share
+with the driver.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import gzip
 import hashlib
 import json
 import logging
+import os
 import random
 import re
+import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import field
 from pathlib import Path
@@ -45,15 +60,17 @@ log = logging.getLogger("preprocessing")
 NAMESPACE = "augment"
 OUTPUT_FILE = "train.jsonl.gz"
 SUMMARY_FILE = "augment.json"
+WORK_DIR = "shards"  # inside the output directory while the pipeline runs; removed after
 WORD = re.compile(r"\w+")
-# transformers builds a model under a process-wide "meta device" context: two DirectRunner worker
-# threads loading the MLM at once would see each other's context. One load at a time.
+# Two DirectRunner worker threads setting up at once: transformers' first import (a lazy module)
+# fails in one of them ("cannot import name"), and it builds a model under a process-wide "meta
+# device" context that the other would see. One import and load at a time.
 LOAD_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
 class AugmentConfig:
-    input: str  # a JSONL file (optionally .gz) of labelled examples
+    input: str  # a JSONL file (optionally .gz) of labelled examples, or a glob of them
     mlm: str  # a Hugging Face masked-LM directory (its tokenizer included)
     output: str  # the directory to write
     text_columns: list[str] = field(default_factory=lambda: ["text"])  # the columns whose words are replaced
@@ -63,6 +80,7 @@ class AugmentConfig:
     max_seq_len: int = 128
     keep_original: bool = True
     seed: int = 0
+    lines_per_shard: int = 2_000  # input lines per output shard: what one worker sorts and compresses at once
     beam: dict[str, Any] = field(default_factory=dict)  # Beam pipeline options (runner, direct_num_workers, ...)
 
     def validate(self) -> None:
@@ -71,16 +89,35 @@ class AugmentConfig:
         require(0 < self.probability <= 1, "probability", "must be in (0, 1]")
         require(self.top_k >= 1, "top_k", "must be >= 1")
         require(self.max_seq_len >= 8, "max_seq_len", "must be >= 8")
-        require(Path(self.input).is_file(), "input", f"{self.input} does not exist")
+        require(self.lines_per_shard >= 1, "lines_per_shard", "must be >= 1")
+        require(bool(input_files(self.input)), "input", f"{self.input} matches no file")
         require((Path(self.mlm) / "config.json").is_file(), "mlm", f"{self.mlm} is not a Hugging Face model directory")
 
     def beam_options(self) -> dict[str, Any]:
+        """For the DirectRunner, worker threads: Beam's default ``in_memory`` mode would run one
+        worker whatever ``direct_num_workers`` says; the MLM's forward passes release the GIL."""
         if self.beam.get("runner", "DirectRunner") in DIRECT_RUNNERS:
-            return {**LOGGING_DEFAULTS, "runner": "DirectRunner", "direct_num_workers": 1, **self.beam}
+            threads = {"direct_num_workers": 1, "direct_running_mode": "multi_threading"}
+            return {**LOGGING_DEFAULTS, "runner": "DirectRunner", **threads, **self.beam}
         return {**LOGGING_DEFAULTS, **self.beam}
 
 
 # ------------------------------------------------------------------------------------------ pure parts
+def input_files(pattern: str) -> list[str]:
+    """The files ``input`` names, absolute and sorted: a file's place in this list is part of the
+    names of its examples (``example_id``). A path that exists is itself, glob characters or not."""
+    if Path(pattern).is_file():
+        return [os.path.abspath(pattern)]
+    matches = glob.glob(os.path.expanduser(pattern), recursive=True)
+    return sorted(os.path.abspath(path) for path in matches if Path(path).is_file())
+
+
+def example_id(file: int, line: int) -> str:
+    """An example's name in the seed's draws: the line number in the first file, ``file:line`` in
+    the others, so that a single file's examples are named by their line numbers alone."""
+    return str(line) if file == 0 else f"{file}:{line}"
+
+
 def parse_row(line: str, text_columns: list[str]) -> tuple[dict[str, Any] | None, str | None]:
     """The row, or None and the name of the reason it is skipped."""
     try:
@@ -96,8 +133,8 @@ def parse_row(line: str, text_columns: list[str]) -> tuple[dict[str, Any] | None
     return row, None
 
 
-def variant_rng(seed: int, index: int, variant: int) -> random.Random:
-    digest = hashlib.sha256(f"{seed}:{index}:{variant}".encode()).digest()
+def variant_rng(seed: int, example: str, variant: int) -> random.Random:
+    digest = hashlib.sha256(f"{seed}:{example}:{variant}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "little"))
 
 
@@ -117,17 +154,16 @@ class MaskedLmCandidates:
     """For each word of a text, the masked-LM's top-k whole-word replacements (empty: none)."""
 
     def __init__(self, model_dir: str, top_k: int, max_seq_len: int) -> None:
-        import torch
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
+        with LOAD_LOCK:
+            import torch
+            from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            if self.tokenizer.mask_token is None:
+                raise ConfigError(f"mlm: the tokenizer of {model_dir} has no mask token")
+            self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
         torch.set_num_threads(1)  # one worker, one core: the runner decides the parallelism
         self.torch = torch
-        with LOAD_LOCK:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if self.tokenizer.mask_token is None:
-            raise ConfigError(f"mlm: the tokenizer of {model_dir} has no mask token")
-        with LOAD_LOCK:
-            self.model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
         self.top_k, self.max_seq_len = top_k, max_seq_len
         vocab = self.tokenizer.get_vocab()
         special = set(self.tokenizer.all_special_ids)
@@ -179,27 +215,28 @@ def build_augment_dofn(cfg: AugmentConfig) -> Any:
     import apache_beam as beam
 
     class Augment(beam.DoFn):
-        """(index, line) -> ((index, variant), row) for the original and its variants; bad lines counted."""
+        """((file, line), text) -> ((file, line, variant), row) for the original (variant 0) and its
+        variants; bad lines counted."""
 
         def setup(self) -> None:
             self.candidates = MaskedLmCandidates(cfg.mlm, cfg.top_k, cfg.max_seq_len)
 
-        def process(self, element: tuple[int, str]) -> Iterator[tuple[tuple[int, int], str]]:
-            index, line = element
-            if not line.strip():
+        def process(self, element: tuple[tuple[int, int], str]) -> Iterator[tuple[tuple[int, int, int], str]]:
+            (file, line), text = element
+            if not text.strip():
                 return
-            row, problem = parse_row(line, cfg.text_columns)
+            row, problem = parse_row(text, cfg.text_columns)
             count = beam.metrics.Metrics.counter
             if row is None:
                 count(NAMESPACE, f"skipped_{problem}").inc()
                 return
             count(NAMESPACE, "examples").inc()
             if cfg.keep_original:
-                yield (index, 0), json.dumps(row, ensure_ascii=False, sort_keys=True)
+                yield (file, line, 0), json.dumps(row, ensure_ascii=False, sort_keys=True)
             found = {column: self.candidates(row[column]) for column in cfg.text_columns}
             seen = {tuple(row[column] for column in cfg.text_columns)}
             for variant in range(1, cfg.variants + 1):
-                rng = variant_rng(cfg.seed, index, variant)
+                rng = variant_rng(cfg.seed, example_id(file, line), variant)
                 new = {
                     column: apply_choices(row[column], *found[column], rng, cfg.probability)
                     for column in cfg.text_columns
@@ -210,22 +247,53 @@ def build_augment_dofn(cfg: AugmentConfig) -> Any:
                     continue
                 seen.add(key)
                 count(NAMESPACE, "variants").inc()
-                yield (index, variant), json.dumps({**row, **new}, ensure_ascii=False, sort_keys=True)
+                yield (file, line, variant), json.dumps({**row, **new}, ensure_ascii=False, sort_keys=True)
 
     return Augment()
 
 
-def read_lines(path: str) -> list[tuple[int, str]]:
+def read_lines(element: tuple[int, str]) -> Iterator[tuple[tuple[int, int], str]]:
+    """A worker streams one input file (gzipped or plain): ((file, line number), text)."""
+    file, path = element
     opener: Any = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
-        return list(enumerate(f, start=1))
+        for line, text in enumerate(f, start=1):
+            yield (file, line), text
 
 
-def write_rows(rows: list[tuple[tuple[int, int], str]], directory: str) -> None:
-    """The rows in (example, variant) order, gzipped with a fixed mtime (the same bytes every run)."""
-    with open(Path(directory) / OUTPUT_FILE, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-        for _, line in sorted(rows):
-            f.write(line.encode("utf-8") + b"\n")
+def shard_of(
+    element: tuple[tuple[int, int, int], str], lines_per_shard: int
+) -> tuple[tuple[int, int], tuple[tuple[int, int, int], str]]:
+    """A row keyed by its shard, (file, block of ``lines_per_shard`` lines): the key alone decides
+    it, so every runner and worker count cuts the same shards."""
+    (file, line, _), _ = element
+    return (file, (line - 1) // lines_per_shard), element
+
+
+def shard_name(file: int, shard: int) -> str:
+    """Zero-padded, so that the names sort in shard order."""
+    return f"{file:09d}-{shard:012d}.gz"
+
+
+def write_shard(element: tuple[tuple[int, int], Any], work: str) -> None:
+    """One shard's rows in (file, line, variant) order as one gzip member with a fixed mtime (the
+    same bytes every run). Renamed into place: a retried bundle replaces the shard, never tears it."""
+    (file, shard), rows = element
+    data = gzip.compress(b"".join(text.encode("utf-8") + b"\n" for _, text in sorted(rows)), mtime=0)
+    path = Path(work) / shard_name(file, shard)
+    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def concatenate_shards(work: Path, dest: Path) -> None:
+    """The shards, in order, streamed into ``dest`` (gzip members end to end are one gzip stream);
+    the work directory is removed."""
+    with open(dest, "wb") as out:
+        for path in sorted(work.glob("*.gz")):
+            with open(path, "rb") as shard:
+                shutil.copyfileobj(shard, out)
+    shutil.rmtree(work)
 
 
 def run(cfg: AugmentConfig) -> dict[str, int]:
@@ -237,19 +305,25 @@ def run(cfg: AugmentConfig) -> dict[str, int]:
 
     options = PipelineOptions(flags=[], **cfg.beam_options())
     runner = make_runner(options)
-    lines = read_lines(cfg.input)
+    files = input_files(cfg.input)
     started = time.monotonic()
     with atomic_directory(cfg.output) as tmp:  # the directory appears whole, counts included
+        work = tmp / WORK_DIR
+        work.mkdir()
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
-            | "Lines" >> beam.Create(lines, reshuffle=True)
+            | "Files" >> beam.Create(list(enumerate(files)))
+            | "Read" >> beam.FlatMap(read_lines)
+            | "Spread" >> beam.Reshuffle()  # a file's lines over all workers, not the one that read it
             | "Augment" >> beam.ParDo(build_augment_dofn(cfg))
-            | "All" >> beam.combiners.ToList()
-            | "Write" >> beam.Map(write_rows, str(tmp))
+            | "Shard" >> beam.Map(shard_of, cfg.lines_per_shard)
+            | "Group" >> beam.GroupByKey()
+            | "Write" >> beam.Map(write_shard, str(work))
         )
         result = pipeline.run()
         result.wait_until_finish()
+        concatenate_shards(work, tmp / OUTPUT_FILE)
         counters = result.metrics().query(beam.metrics.MetricsFilter().with_namespace(NAMESPACE))["counters"]
         counts = {counter.key.metric.name: int(counter.committed or counter.attempted) for counter in counters}
         summary = {"config": to_dict(cfg), "counts": counts}

@@ -1,10 +1,14 @@
 """TinyBERT's data augmentation on the real Beam DirectRunner: variants drawn from a real masked-LM,
-deterministic for a seed whatever the worker count, labels copied, bad lines counted and skipped."""
+deterministic for a seed whatever the worker count, labels copied, bad lines counted and skipped;
+a glob of inputs written in shards that come back whole, in order, once each."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,9 @@ TEXTS = [
     "The json module reads and writes structured data.",
 ]
 
+REPO = Path(__file__).resolve().parents[2]
+TWO_WORKERS = {"direct_num_workers": 2}  # two worker threads, each writing shards
+
 
 @pytest.fixture
 def task_file(tmp_path: Path) -> Path:
@@ -30,7 +37,20 @@ def task_file(tmp_path: Path) -> Path:
     return path
 
 
-def augment(task_file: Path, mlm: Path, out: Path, **values: object) -> dict[str, int]:
+@pytest.fixture
+def two_task_files(tmp_path: Path) -> tuple[str, list[dict[str, object]]]:
+    """A glob matching a gzipped and a plain file of five examples each, and the examples in order.
+    Each example has its own ``id`` (a column augmentation copies) to find it among the variants."""
+    examples = []
+    for name, opener in (("a.jsonl.gz", gzip.open), ("b.jsonl", open)):
+        rows = [{"id": f"{name}:{i}", "text": TEXTS[i % 4], "label": i % 2} for i in range(5)]
+        with opener(tmp_path / name, "wt") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+        examples += rows
+    return str(tmp_path / "*.jsonl*"), examples
+
+
+def augment(task_file: Path | str, mlm: Path, out: Path, **values: object) -> dict[str, int]:
     settings = {"input": str(task_file), "mlm": str(mlm), "output": str(out), "variants": 3, "top_k": 5}
     return run(from_dict(AugmentConfig, {**settings, **values}))
 
@@ -53,13 +73,65 @@ def test_variants_are_deterministic_counted_and_keep_labels(task_file, tiny_teac
     assert len(first_variant) == len(TEXTS[0].split())  # whole words replaced by whole words
 
     # Same seed, two workers: the same bytes. Another seed: other variants.
-    augment(task_file, tiny_teacher_dir, tmp_path / "b", probability=0.5, beam={"direct_num_workers": 2})
+    augment(task_file, tiny_teacher_dir, tmp_path / "b", probability=0.5, beam=TWO_WORKERS)
     assert (tmp_path / "a" / OUTPUT_FILE).read_bytes() == (tmp_path / "b" / OUTPUT_FILE).read_bytes()
     augment(task_file, tiny_teacher_dir, tmp_path / "c", probability=0.5, seed=1)
     assert (tmp_path / "a" / OUTPUT_FILE).read_bytes() != (tmp_path / "c" / OUTPUT_FILE).read_bytes()
 
 
+def test_glob_input_is_written_in_shards_whole_in_order_and_the_same_for_any_worker_count(
+    two_task_files, tiny_teacher_dir, tmp_path
+):
+    """Two lines per shard: each file spans three shards, written by workers and joined by the driver.
+    A shard lost or joined twice would drop or repeat an example's original and variants."""
+    from trainer.commands.finetune import FinetuneConfig, read_dataset
+
+    pattern, examples = two_task_files
+    counts = augment(pattern, tiny_teacher_dir, tmp_path / "one", lines_per_shard=2, probability=0.5)
+    augment(
+        pattern, tiny_teacher_dir, tmp_path / "two", lines_per_shard=2, probability=0.5, beam={"direct_num_workers": 2}
+    )
+    assert (tmp_path / "one" / OUTPUT_FILE).read_bytes() == (tmp_path / "two" / OUTPUT_FILE).read_bytes()
+    assert {p.name for p in (tmp_path / "one").iterdir()} == {OUTPUT_FILE, SUMMARY_FILE}  # no work files left
+
+    with gzip.open(tmp_path / "one" / OUTPUT_FILE, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    assert counts["examples"] == len(examples) and len(rows) == len(examples) + counts["variants"]
+    # Each example once, in input order: its original, then its variants (same id and label, other words).
+    ids = [row["id"] for row in rows]
+    firsts = [i for i, example_id in enumerate(ids) if i == 0 or ids[i - 1] != example_id]
+    assert [rows[i] for i in firsts] == examples
+    for start, end in zip(firsts, [*firsts[1:], len(rows)], strict=True):
+        variants = rows[start + 1 : end]
+        assert all(v["label"] == rows[start]["label"] and v["text"] != rows[start]["text"] for v in variants)
+    assert sum(end - start - 1 for start, end in zip(firsts, [*firsts[1:], len(rows)], strict=True)) > 0
+
+    # The concatenated gzip members are one dataset for the trainer.
+    output = tmp_path / "one" / OUTPUT_FILE
+    split = read_dataset(output, FinetuneConfig(model="unused", data=str(output), output_dir="unused"))["train"]
+    assert split.texts == [row["text"] for row in rows] and split.labels == [row["label"] for row in rows]
+
+
+def test_command_line_with_two_worker_threads(two_task_files, tiny_teacher_dir, tmp_path):
+    """A fresh process, where the two worker threads are the first to import transformers, at once."""
+    pattern, examples = two_task_files
+    out = tmp_path / "out"
+    args = [f"input={pattern}", f"mlm={tiny_teacher_dir}", f"output={out}", "variants=2", "top_k=5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocessing.augment", *args, "lines_per_shard=2", "beam.direct_num_workers=2"],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts == json.loads((out / SUMMARY_FILE).read_text())["counts"] and counts["examples"] == len(examples)
+
+
 def test_bad_config_names_the_key(task_file, tmp_path):
+    with pytest.raises(ConfigError, match="input"):
+        augment(tmp_path / "nothing-*.jsonl", tmp_path, tmp_path / "out")
     with pytest.raises(ConfigError, match="mlm"):
         augment(task_file, tmp_path / "nothing", tmp_path / "out")
     with pytest.raises(ConfigError, match="probability"):
