@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive] [--no-fused-adamw] [--compile] [--json]
+        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -18,6 +18,12 @@ CPU figure "fraction of what this machine's matmul achieves", not of a datasheet
 On CUDA it also runs one masking + forward + backward under ``torch.cuda.set_sync_debug_mode
 ("error")`` and reports whether anything in it waited for the device.
 
+``--profile-steps N`` then runs N more steps under ``torch.profiler`` and adds to the result where
+a step's time goes: per op category (matmul, attention, softmax and losses, masking and gathers,
+norms and activations, optimizer, copies, other), the top ops and, on CUDA, the top kernels and the
+share of wall time the GPU was busy. Measured before anything is optimised (issue 15: "measure
+first"); it runs after the timed steps, so it does not slow the figures above.
+
 ``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
 ``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
 matching tokenizer when the teacher directory has none.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -65,6 +72,85 @@ GPU_PEAK_BF16 = {
     "L4": 121e12,
     "V100": 125e12,  # fp16 (no bf16 tensor cores)
 }
+
+
+# What an optimisation would target, by op name (aten ops; CUDA kernel names on the GPU). First match wins.
+OP_CATEGORIES = (
+    ("attention", r"attention|flash|fmha|sdpa"),
+    ("matmul", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$|gemm|cutlass|sm90_xmma|nvjet"),
+    ("softmax and losses", r"softmax|kl_div|cross_entropy|nll_loss|logsumexp|cosine"),
+    ("masking and gathers", r"index|gather|scatter|multinomial|masked|where|bernoulli|rand|isin"),
+    ("norms and activations", r"layer_norm|gelu|dropout|tanh"),
+    ("optimizer", r"adam|_foreach_"),
+    ("copies and casts", r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|fill_|zero_)$|memcpy|memset"),
+)
+
+
+def op_category(name: str) -> str:
+    return next((category for category, pattern in OP_CATEGORIES if re.search(pattern, name, re.IGNORECASE)), "other")
+
+
+def profile_steps(step: Any, first: int, count: int, device: torch.device) -> dict[str, Any]:
+    """Where ``count`` steps spend their time, per step: categories, top ops, (CUDA) top kernels and busy share.
+
+    Time is the ops' self time on the device (CUDA: the kernels each op launched; CPU: the op's own
+    CPU time), so nothing is counted twice: a matmul inside ``linear`` counts once, under matmul.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    synchronize(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for i in range(count):
+            step(first + i)
+        synchronize(device)
+    wall_ms = (time.perf_counter() - start) * 1e3 / count
+    averages = prof.key_averages()
+
+    def per_step_ms(event: Any) -> float:  # the profiler reports microseconds over all steps
+        return (event.self_device_time_total if on_cuda else event.self_cpu_time_total) / 1e3 / count
+
+    ops = [e for e in averages if e.device_type == torch.autograd.DeviceType.CPU and per_step_ms(e) > 0]
+    categories: dict[str, float] = {}
+    for event in ops:
+        categories[op_category(event.key)] = categories.get(op_category(event.key), 0.0) + per_step_ms(event)
+    ops.sort(key=per_step_ms, reverse=True)
+    result: dict[str, Any] = {
+        "steps": count,
+        "time": "device (CUDA kernels)" if on_cuda else "cpu",
+        "wall_ms_per_step": wall_ms,
+        "categories_ms_per_step": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
+        "top_ops": [[e.key, round(per_step_ms(e), 3), e.count // count] for e in ops[:15]],
+    }
+    if on_cuda:
+        kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+        busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / count
+        result["busy_share"] = busy_ms / wall_ms
+        result["top_kernels"] = [[e.key[:120], round(e.self_device_time_total / 1e3 / count, 3)] for e in kernels[:15]]
+    return result
+
+
+def profile_markdown(profile: dict[str, Any]) -> str:
+    """The profile as Markdown tables: categories (ms per step and share), then the top ops and kernels."""
+    total = sum(profile["categories_ms_per_step"].values()) or 1.0
+    busy = f", GPU busy {profile['busy_share']:.0%} of wall time" if "busy_share" in profile else ""
+    lines = [
+        f"Profile of {profile['steps']} steps, {profile['time']} time: {profile['wall_ms_per_step']:.1f} ms wall "
+        f"per step{busy}.",
+        "",
+        "| category | ms/step | share |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {v:.2f} | {v / total:.0%} |" for k, v in profile["categories_ms_per_step"].items()]
+    lines += ["", "| top op | ms/step | calls/step |", "|---|---|---|"]
+    lines += [f"| `{name}` | {ms:.2f} | {calls} |" for name, ms, calls in profile["top_ops"][:10]]
+    if profile.get("top_kernels"):
+        lines += ["", "| top kernel | ms/step |", "|---|---|"]
+        lines += [f"| `{name}` | {ms:.2f} |" for name, ms in profile["top_kernels"][:10]]
+    return "\n".join(lines)
 
 
 def gpu_peak(name: str) -> float | None:
@@ -186,6 +272,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     synchronize(device)
     seconds = time.perf_counter() - start
     host_sync = host_syncs(device, lambda: forward_backward(0))
+    profiled = profile_steps(step, args.warmup + args.steps, args.profile_steps, device) if args.profile_steps else None
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
@@ -221,6 +308,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "final_loss": float(losses[-1]),
         "host_sync_in_forward_backward": host_sync,
         "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "profile": profiled,
     }
 
 
@@ -241,10 +329,13 @@ def main(argv: list[str]) -> int:
         "--fused-adamw", action=argparse.BooleanOptionalAction, default=True, help="fused AdamW on CUDA (project step)"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile student and teacher (project step)")
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="then profile this many steps: where the time goes"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_intermixed_args(argv)
-    if args.steps < 1 or args.seq_len < 2:
-        raise ConfigError("--steps must be >= 1 and --seq-len >= 2")
+    if args.steps < 1 or args.seq_len < 2 or args.profile_steps < 0:
+        raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
     path, overrides = split_config_args(args.args)
     cfg = load_config(TrainConfig, path, overrides)
     if cfg.teacher is None:
@@ -260,6 +351,8 @@ def main(argv: list[str]) -> int:
             f"{result['flops_per_token']:.3e} FLOPs/token -> {result['achieved_tflops']:.3f} TFLOP/s, "
             f"MFU {result['mfu']:.1%} of {result['peak_tflops']:.2f} TFLOP/s ({result['peak_source']})"
         )
+        if result["profile"]:
+            print(profile_markdown(result["profile"]))
     return 0
 
 
