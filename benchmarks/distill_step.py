@@ -235,9 +235,8 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
 
     else:
         distiller = Distiller(student, teacher.to(device), cfg.objective).to(device).train()
-        if args.compile:  # in place (nn.Module.compile): the modules keep their class, config and hooks
-            student.compile()
-            teacher.compile()
+        if args.compile:
+            distiller.compile_models()
         # As in training: frequency-smoothed masking (the DistilBERT preset) reads the dataset's token counts.
         counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
         masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)

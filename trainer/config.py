@@ -256,6 +256,7 @@ class TrainConfig:
     global_batch_size: int = 4096  # = micro_batch_size x gradient accumulation x world size
     micro_batch_size: int = 16
     seed: int = 0
+    compile: bool = False  # torch.compile the encoders and heads a step runs, in place (Distiller.compile_models)
     student: StudentConfig = field(default_factory=StudentConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)

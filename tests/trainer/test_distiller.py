@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 
 from common.config import ConfigError, load_config
 from trainer.commands.plan import step_flops_per_token
-from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TrainConfig
+from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TinyBertConfig, TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config
 from trainer.objective.distiller import Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
@@ -205,6 +205,40 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
         assert out[name].item() == pytest.approx(value.item(), rel=0.05, abs=1e-3), name
     out["loss"].backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in low.student.parameters())
+
+
+@pytest.mark.parametrize(
+    "objective",
+    [ObjectiveConfig(), ObjectiveConfig(ce=0.0, tinybert=TinyBertConfig(embedding=1.0, hidden=1.0, attention=1.0))],
+    ids=["distilbert", "tinybert-layer-hooks"],
+)
+def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
+    student, teacher, batch, objective: ObjectiveConfig
+) -> None:
+    """``compile=true``: what a step calls (encoders, heads) is compiled, hooks of the layer methods included,
+    with the eager step's numbers; later steps reuse the graphs (the hooks come and go every step)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = Distiller(copy.deepcopy(student), teacher, objective)
+    compiled = Distiller(copy.deepcopy(student), copy.deepcopy(teacher), objective)
+    compiled.load_state_dict(eager.state_dict())  # the same learned projections
+    compiled.compile_models()
+    expected = eager(*batch)
+    expected["loss"].backward()
+    graphs = []
+    for _ in range(3):
+        compiled.zero_grad()
+        out = compiled(*batch)
+        out["loss"].backward()
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0, "nothing was compiled: the step calls other modules than those compiled"
+    assert graphs[0] == graphs[-1], f"recompiled on later steps: {graphs}"
+    for name, value in expected.items():
+        assert out[name].item() == pytest.approx(value.item(), rel=1e-4, abs=1e-6), name
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-6), name
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints and export see the same keys
 
 
 def test_the_naive_reference_step_computes_the_projects_losses(student, teacher, tiny_teacher_dir: Path) -> None:

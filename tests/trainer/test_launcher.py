@@ -190,6 +190,19 @@ def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path)
     assert any(not torch.equal(final[k], v) for k, v in earlier.state_dict().items() if k in final)
 
 
+def test_a_compiled_run_trains_like_the_reference_and_exports_a_plain_student(
+    reference_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
+) -> None:
+    """``compile=true`` through the real engine: the same training (the first loss differs from the eager run's
+    only by the compiled dropout's own random stream), checkpoints, and a student exported without traces of
+    the compiler (no ``_orig_mod`` keys: it loads and fills masks)."""
+    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", "compile=true")
+    check_finished_run(out)
+    check_student(out / "student")
+    first, reference = train_losses(out)[1]["train/loss"], train_losses(reference_run)[1]["train/loss"]
+    assert first == pytest.approx(reference, rel=0.01)
+
+
 def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:

@@ -96,6 +96,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     if teacher is not None:
         teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
+    if cfg.compile:
+        distiller.compile_models()  # in place: checkpoints and export see the same modules
     engine = build_engine(distiller, cfg, ds_config, world.device)
 
     resumed = checkpoints.resume(engine, resume_point) or {}

@@ -126,6 +126,22 @@ class Distiller(nn.Module):
     def teacher(self) -> PreTrainedModel | None:
         return self._teacher[0]
 
+    def compile_models(self) -> None:
+        """``torch.compile``, in place, the modules a step calls: each model's encoder and MLM head.
+
+        Not the top-level models: a step calls their encoder (``base_model``) and head directly, the
+        head only at the positions a loss reads, so compiling a top-level ``forward`` would compile
+        nothing that runs. In place (``nn.Module.compile``), so parameter names, state-dict keys,
+        checkpoints and export are unchanged.
+        """
+        for model in (self.student, self.teacher):
+            if model is None:
+                continue
+            model.base_model.compile()
+            head = mlm_head(model)
+            if head is not None:
+                head.compile()
+
     def student_model(self) -> PreTrainedModel:
         """The student alone, as exported (no teacher, no loss-only parameters)."""
         return self.student
