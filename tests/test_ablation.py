@@ -63,6 +63,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([str(blocked), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "GPU_ABLATION_INPUTS": str(inputs),
         "GPU_ABLATION_STATE": str(tmp_path / "state"),
+        "GPU_RUN_BUDGET_S": "3000",  # the guard is for the device's 10-minute calls, not a loaded CI machine
     }
     for name in ABSENT_ON_GPU_MACHINE:
         check = subprocess.run([sys.executable, "-c", f"import {name}"], env=device, capture_output=True, text=True)
