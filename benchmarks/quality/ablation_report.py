@@ -1,13 +1,17 @@
 """The ablation's table, from what ``benchmarks/quality/ablation.sh`` left in its output directory.
 
-    python benchmarks/quality/ablation_report.py OUT --scale cpu --corpora DIR --wall-seconds N
+    python benchmarks/quality/ablation_report.py OUT --scale cpu --corpora DIR --wall-seconds N [--families F...]
+    python benchmarks/quality/ablation_report.py OUT --merge PART/ablation.json PART/ablation.json
 
 Reads ``runs.tsv`` (each step's command and time), each training run's ``metrics.jsonl`` (sequences
 seen), each model's weights (parameter counts), ``mlm-<family>.json`` (``python -m trainer
 evaluate-mlm``) and ``suite-<family>.json`` (``python -m trainer evaluate-suite``), and writes
 ``ablation.json`` and ``ablation.md`` (atomically): one row per model — the teacher first, then its
 students — with held-out masked-LM accuracy and perplexity, top-1 agreement with the teacher, the
-suite's task scores and average, and the share of the teacher's average.
+suite's task scores and average, and the share of the teacher's average. ``--families`` limits the
+rows to the families a run trained (``ABLATION_FAMILIES``); ``--merge`` joins such parts' reports, made
+by separate runs on the same dataset (the GPU campaign runs one family per device call), into one
+``OUT/ablation.json`` and ``ablation.md``.
 """
 
 from __future__ import annotations
@@ -55,14 +59,14 @@ def tokens_seen(run_dir: Path, seq_len: int) -> tuple[int, float]:
     return int(last["train/samples"]) * seq_len, float(last["train/elapsed_s"])
 
 
-def build(out: Path, scale: str, corpora: str, wall_seconds: int) -> dict[str, Any]:
+def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str]) -> dict[str, Any]:
     with (out / "runs.tsv").open(encoding="utf-8") as f:
         steps = list(csv.DictReader(f, delimiter="\t"))
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     seq_len = int(manifest["max_seq_len"])
     by_name = {s["name"]: s for s in steps}
     rows = []
-    for family in FAMILIES:
+    for family in families:
         mlm = json.loads((out / f"mlm-{family}.json").read_text())
         suite = json.loads((out / f"suite-{family}.json").read_text())
         mlm_by_model = {m["model"]: m for m in mlm["models"]}
@@ -116,6 +120,28 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int) -> dict[str, A
     }
 
 
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from the parts' reports: rows in family order, every part's steps (the dataset's step
+    once: the parts share it), the parts' wall times summed, each part's machine."""
+    if len({json.dumps(p["dataset"], sort_keys=True) for p in parts}) != 1:
+        raise SystemExit("ablation_report.py --merge: the parts were not run on the same dataset")
+    ordered = sorted(parts, key=lambda p: list(FAMILIES).index(p["rows"][0]["family"]))
+    steps, seen = [], set()
+    for part in ordered:
+        for step in part["steps"]:
+            if step["name"] not in seen:
+                seen.add(step["name"])
+                steps.append(step)
+    return {
+        **ordered[0],
+        "rows": [row for part in ordered for row in part["rows"]],
+        "steps": steps,
+        "wall_seconds": sum(p["wall_seconds"] for p in ordered),
+        "machine": ordered[0]["machine"],
+        "parts": [{"families": sorted({r["family"] for r in p["rows"]}), "machine": p["machine"]} for p in ordered],
+    }
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -153,6 +179,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     data = report["dataset"]
     suite = report["suite_config"]
+    parts = report.get("parts")
+    invocation = f"the {len(parts)} parts' last invocations" if parts else "the script's last invocation"
     notes = [
         "",
         f"Scale `{report['scale']}`; corpora {report['corpora']}: {data['documents']} documents, "
@@ -160,7 +188,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
         f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
         f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Steps: "
-        f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; the script's last invocation: "
+        f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; {invocation}: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
         f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).",
         "",
@@ -174,11 +202,19 @@ def markdown(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--scale", required=True)
-    parser.add_argument("--corpora", required=True)
-    parser.add_argument("--wall-seconds", type=int, required=True)
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART_JSON", help="join these parts' reports")
+    parser.add_argument("--scale")
+    parser.add_argument("--corpora")
+    parser.add_argument("--wall-seconds", type=int)
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     args = parser.parse_args()
-    report = build(args.out, args.scale, args.corpora, args.wall_seconds)
+    if args.merge:
+        report = merge([json.loads(path.read_text()) for path in args.merge])
+        args.out.mkdir(parents=True, exist_ok=True)
+    elif args.scale and args.corpora and args.wall_seconds is not None:
+        report = build(args.out, args.scale, args.corpora, args.wall_seconds, args.families)
+    else:
+        parser.error("--scale, --corpora and --wall-seconds are required without --merge")
     write_text_atomically(args.out / "ablation.json", json.dumps(report, indent=2) + "\n")
     table = markdown(report)
     write_text_atomically(args.out / "ablation.md", table)

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The gpu-scale ablation on the offline GPU machine, one teacher family per device call:
+#   bash benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all
+# Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each part is
+# self-contained: `bert` pretrains the teacher, distils (a)-(e) from it and scores them; `minilm` distils
+# (c), (d), (e) from all-MiniLM-L6-v2 and scores them. Neither needs the other's output, so a machine that
+# went cold between two calls loses nothing (the pretrained teacher, 35M parameters, is too big to bring
+# back and carry again). `all` runs both, for a machine without the 10-minute limit.
+#
+# On the device, under runs/gpu-ablation/ (git-ignored: kept while the machine stays warm; the carried
+# folder itself is replaced by every call), once each, then skipped:
+#   1. the wheels into /tmp/site (benchmarks/gpu/wheels_env.sh, shared with the GPU campaign)
+#   2. the dataset unpacked (data.tar.xz) and all-MiniLM-L6-v2 restored to float32 (gpu_inputs.py)
+#   3. `ABLATION_RESUME=1 benchmarks/quality/ablation.sh gpu` for the part, under a time guard (GPU_RUN_BUDGET_S,
+#      default 540 s from this script's start: the device kills a command at 600 s, and the results must
+#      still be copied). The guard stops every process of the run; calling this again on the warm machine
+#      continues: finished steps (runs.tsv) are skipped, an interrupted training resumes from its last
+#      checkpoint (in the same output_dir), an interrupted evaluation starts again.
+# OUTDIR receives (7 files; the device tool returns 8 at most): progress.md (what is done, what runs
+# next), runs.tsv, ablation.json and ablation.md once the part finished, ablation.log (the script's
+# output), logs.txt (the last lines of every step's log) and versions.txt.
+# The CPU dry run (tests/test_ablation.py): ABLATION_SCALE=toy SKIP_WHEELS=1 GPU_ABLATION_INPUTS=DIR.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUTDIR=${1:?usage: benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all}
+PART=${2:?usage: benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all}
+case $PART in
+    bert | minilm) FAMILIES=$PART ;;
+    all) FAMILIES="bert minilm" ;;
+    *) echo "gpu_run.sh: unknown part '$PART' (bert, minilm, all)" >&2; exit 2 ;;
+esac
+BUDGET_S=${GPU_RUN_BUDGET_S:-540}
+SCALE=${ABLATION_SCALE:-gpu}
+INPUTS=${GPU_ABLATION_INPUTS:-.gpu-ablation}
+STATE=${GPU_ABLATION_STATE:-runs/gpu-ablation}
+export PY=${PYTHON:-python3} PYTHON=${PYTHON:-python3}
+mkdir -p "$OUTDIR" "$STATE"
+STATE=$(cd "$STATE" && pwd)
+RUN="$STATE/$PART-$SCALE"  # ablation.sh's output directory for this part
+
+source benchmarks/gpu/wheels_env.sh "$INPUTS/wheels" || exit 1
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+    "$PY" -c 'import sys, torch, transformers, deepspeed, webdataset
+print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| deepspeed", deepspeed.__version__, "| transformers", transformers.__version__)
+print("device:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")'
+} >"$OUTDIR/versions.txt" 2>&1
+
+# The inputs, once per machine: a finished unpack or restore is a directory (gpu_inputs.py renames it last).
+if [ ! -d "$STATE/dataset" ]; then
+    "$PY" benchmarks/quality/gpu_inputs.py unpack "$INPUTS/data.tar.xz" "$STATE/dataset" || exit 1
+fi
+if [ ! -d "$STATE/minilm" ]; then
+    "$PY" benchmarks/quality/gpu_inputs.py restore-model "$INPUTS/minilm-fp16" "$STATE/minilm" || exit 1
+fi
+echo "inputs ready after $SECONDS s" >>"$OUTDIR/versions.txt"
+
+# The run, stopped by `timeout` (TERM to the whole process group: the launcher and its ranks too, then KILL
+# 15 s later) before the device's own limit.
+left=$((BUDGET_S - SECONDS))
+ABLATION_OUTPUT=$RUN ABLATION_RESUME=1 ABLATION_FAMILIES=$FAMILIES ABLATION_DATA=$STATE/dataset/data \
+    ABLATION_MINILM=$STATE/minilm timeout -k 15 "$left" \
+    bash benchmarks/quality/ablation.sh "$SCALE" "../shared/corpora, preprocessed before the run by gpu_prepare.sh" \
+    >"$OUTDIR/ablation.log" 2>&1
+status=$?
+case $status in
+    0) outcome="finished" ;;
+    124 | 137) outcome="stopped by the time guard after $SECONDS s: call again on the warm machine to continue" ;;
+    *) outcome="FAILED (exit $status): see ablation.log and logs.txt" ;;
+esac
+
+cp "$RUN/runs.tsv" "$OUTDIR/" 2>/dev/null
+[ "$status" = 0 ] && cp "$RUN/ablation.json" "$RUN/ablation.md" "$OUTDIR/"
+for log in "$RUN"/logs/*.log; do
+    [ -e "$log" ] && printf '\n===== %s =====\n' "$(basename "$log")" && tail -n 25 "$log"
+done >"$OUTDIR/logs.txt"
+{
+    echo "# gpu_run.sh $PART (scale $SCALE): $outcome"
+    echo
+    echo "This call: $SECONDS s. Steps done (runs.tsv: name, seconds):"
+    awk -F'\t' 'NR > 1 {printf "- %s: %s s\n", $1, $4}' "$RUN/runs.tsv" 2>/dev/null
+    if [ "$status" != 0 ]; then
+        # The step that was running: the newest log; its last progress line says how far it got.
+        current=$(ls -t "$RUN"/logs/*.log 2>/dev/null | head -n 1)
+        [ -n "$current" ] && echo && echo "Interrupted in $(basename "$current" .log):" &&
+            grep -E '^step [0-9]+/[0-9]+|resumed from|checkpoint' "$current" | tail -n 3
+    fi
+} >"$OUTDIR/progress.md"
+cat "$OUTDIR/progress.md"
+exit "$status"
