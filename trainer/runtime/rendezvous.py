@@ -1,15 +1,15 @@
 """Meeting rank 0 at MASTER_ADDR:MASTER_PORT without hanging silently on a wrong address.
 
-torch.distributed's rendezvous retries in silence until the process-group timeout (30 minutes by
-default): a MASTER_ADDR that does not resolve, or a host where nothing listens on MASTER_PORT,
-keeps every rank of a cluster allocation waiting that long and then ends in a stack trace. Before
-a launch that was given its address (several nodes, an explicit ``--master_port``, Slurm) hands
-over to torch, every rank checks that MASTER_ADDR resolves (:func:`check_master_addr`: a
-:class:`ConfigError` at once if it does not), and every rank but 0 waits until something accepts a
-TCP connection there (:func:`wait_for_rank_zero`): a plain connect, retried, logged while it
-waits, given up after the rendezvous timeout (:func:`rendezvous_timeout`). Rank 0 binds the store
-itself and needs no probe. The join proper stays torch's; the probe only tells a rank that rank 0
-is there before it does.
+torch.distributed's rendezvous retries in silence until the process-group timeout (DeepSpeed's
+``DEEPSPEED_TIMEOUT``, 10 minutes by default; torch's own 30): a MASTER_ADDR that does not resolve,
+or a host where nothing listens on MASTER_PORT, keeps every rank of a cluster allocation waiting
+that long and then ends in a stack trace. Before a launch that was given its address (several
+nodes, an explicit ``--master_port``, Slurm) hands over to torch, every rank checks that
+MASTER_ADDR resolves (:func:`check_master_addr`: a :class:`ConfigError` at once if it does not),
+and every rank but 0 waits until something accepts a TCP connection there
+(:func:`wait_for_rank_zero`): a plain connect, retried, logged while it waits, given up after the
+rendezvous timeout (:func:`rendezvous_timeout`). Rank 0 binds the store itself and needs no probe.
+The join proper stays torch's; the probe only tells a rank that rank 0 is there before it does.
 
 The rendezvous timeout is an environment variable, not a config key, because it belongs to the
 launch (how far apart a cluster starts its nodes), not to the recipe: the same YAML runs on one
@@ -26,16 +26,20 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from deepspeed.constants import default_pg_timeout
 
 from common.config import ConfigError
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "ENCODER_DISTILL_RENDEZVOUS_TIMEOUT"
-# torchrun's c10d rendezvous waits as long for its nodes to join (join_timeout): ranks that a scheduler,
-# pdsh or a person starts on several nodes can legitimately come up minutes apart.
-DEFAULT_TIMEOUT_S = 600.0
+# Ranks that a scheduler, pdsh or a person starts on several nodes can legitimately come up minutes apart.
+# By default a rank waits as long as DeepSpeed's join itself would (DEEPSPEED_TIMEOUT, 10 minutes unless
+# set; torchrun's c10d rendezvous also waits 600 s for its nodes): no training launch that used to meet
+# gives up sooner, it only says what it waits for, and says it clearly when it gives up.
+DEFAULT_TIMEOUT_S = default_pg_timeout.total_seconds()
 LOG_EVERY_S = 30.0
 CONNECT_ATTEMPT_S = 5.0  # one connect; a host that drops packets answers nothing, not "refused"
 RETRY_PAUSE_S = 1.0
@@ -47,7 +51,8 @@ WHERE_RANK_ZERO_IS = (
 
 
 def rendezvous_timeout() -> float:
-    """Seconds a rank other than 0 waits for rank 0 to answer: ``$ENCODER_DISTILL_RENDEZVOUS_TIMEOUT``, else 600.
+    """Seconds a rank other than 0 waits for rank 0 to answer: ``$ENCODER_DISTILL_RENDEZVOUS_TIMEOUT``, else
+    DeepSpeed's process-group timeout (``DEEPSPEED_TIMEOUT`` minutes, 10 unless set).
 
     A value that is not a positive number of seconds is a :class:`ConfigError` naming the variable.
     """
@@ -103,15 +108,7 @@ def check_master_addr(addr: str, port: int) -> None:
         ) from None
 
 
-def wait_for_rank_zero(
-    addr: str,
-    port: int,
-    rank: int,
-    timeout_s: float,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> float:
+def wait_for_rank_zero(addr: str, port: int, rank: int, timeout_s: float) -> float:
     """Return once something accepts a TCP connection at ``addr:port``; the seconds that took.
 
     Connects and closes again, once a second, logging ``rank N: waiting for rank 0 at ADDR:PORT for
@@ -119,17 +116,17 @@ def wait_for_rank_zero(
     :class:`ConfigError` says what was tried and what to check. The connection is a bare TCP
     connect, which torch's store accepts and forgets: the join that follows is torch's own.
     """
-    start = clock()
+    start = time.monotonic()
     next_log = start + log_interval(timeout_s)
     while True:
-        now = clock()
+        now = time.monotonic()
         left = start + timeout_s - now
         try:
             with socket.create_connection((addr, port), timeout=max(0.1, min(CONNECT_ATTEMPT_S, left))):
-                return clock() - start
+                return time.monotonic() - start
         except OSError as err:  # refused, unreachable, timed out, a name that does not resolve (yet)
             reason = err.strerror or str(err) or type(err).__name__
-        now = clock()
+        now = time.monotonic()
         waited = now - start
         if waited >= timeout_s:
             raise ConfigError(
@@ -151,7 +148,7 @@ def wait_for_rank_zero(
                 TIMEOUT_ENV,
             )
             next_log += log_interval(timeout_s)
-        sleep(max(0.0, min(RETRY_PAUSE_S, start + timeout_s - now)))
+        time.sleep(max(0.0, min(RETRY_PAUSE_S, start + timeout_s - now)))
 
 
 def reach_rank_zero(rank: int) -> tuple[str, int]:
