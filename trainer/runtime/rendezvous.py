@@ -158,9 +158,9 @@ def reach_rank_zero(rank: int) -> tuple[str, int]:
     Returns the address and port. Raises :class:`ConfigError` with one line for the user.
     """
     addr, port = master_address()
+    timeout_s = rendezvous_timeout()  # read on every rank, so that a bad value fails on all of them alike
     check_master_addr(addr, port)
     if rank != 0:
-        timeout_s = rendezvous_timeout()
         waited = wait_for_rank_zero(addr, port, rank, timeout_s)
         if waited >= log_interval(timeout_s):
             log.info("rank %d: rank 0 answered at %s:%d after %.0f s", rank, addr, port, waited)
