@@ -171,12 +171,19 @@ def run_one_node_of_two(
 def run_rank_from_environment(
     teacher: Path, data: Path, out: Path, rank: int, master_addr: str, master_port: int, env: dict[str, str]
 ) -> tuple[int, str, float]:
-    """``python -u launch/run.sh ...`` with RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT in the environment,
+    """Training's rank ``rank`` of two as a task of ``launch/slurm.sbatch`` (:func:`start_rank_from_environment`)."""
+    args = ["configs/tiny-cpu.yaml", f"teacher={teacher}", f"data={data}", f"output_dir={out}"]
+    return start_rank_from_environment(args, rank, master_addr, master_port, env)
+
+
+def start_rank_from_environment(
+    args: list[str], rank: int, master_addr: str, master_port: int, env: dict[str, str]
+) -> tuple[int, str, float]:
+    """``python -u launch/run.sh ARGS`` with RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT in the environment,
     as each task of ``launch/slurm.sbatch`` starts; (exit code, console, seconds)."""
     world = {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": master_addr}
     world["MASTER_PORT"] = str(master_port)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **world, **env}
-    args = ["configs/tiny-cpu.yaml", f"teacher={teacher}", f"data={data}", f"output_dir={out}"]
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-u", "launch/run.sh", *args],
@@ -223,4 +230,17 @@ def test_a_rank_that_cannot_reach_rank_zero_logs_while_it_waits_and_gives_up(
     assert len(waiting) == 1, console[-3000:]  # every 2.5 s (half the timeout) until it gives up at 5 s
     error = f"error: rank 1: rank 0 did not answer at 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) within 5 s"
     assert error in console, console[-3000:]
+    assert seconds < QUICK, f"took {seconds:.0f} s"
+
+
+@pytest.mark.integration
+def test_task_distill_ranks_check_and_wait_for_rank_zero_like_training(tmp_path: Path) -> None:
+    """``task-distill`` and ``finetune`` join through ``runtime.ranks.init_ranks``, before they read a model or
+    data (so none is needed here): the same check, the same logged wait, the same error."""
+    port = free_port()
+    args = ["task-distill", "teacher=unused", "student=unused", "data=unused", f"output_dir={tmp_path / 'run'}"]
+    rc, console, seconds = start_rank_from_environment(args, 1, "127.0.0.1", port, {TIMEOUT_ENV: "3"})
+    assert rc != 0, console[-3000:]
+    assert re.search(rf"rank 1: waiting for rank 0 at 127\.0\.0\.1:{port} for \d+ s \(no answer yet: ", console)
+    assert f"error: rank 1: rank 0 did not answer at 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) within 3 s" in console
     assert seconds < QUICK, f"took {seconds:.0f} s"
