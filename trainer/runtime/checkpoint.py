@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from common.atomic import atomic_directory
+from trainer.runtime.rendezvous import logged_while_waiting
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,11 @@ class Checkpointer:
                     point.world_size,
                 )
                 convert_to_universal(point.checkpoint)
-            dist.barrier()
+                dist.barrier()
+            else:  # the conversion takes minutes for a large model: say what this rank waits for
+                waiting = f"rank {dist.get_rank()}: waiting for rank 0 to convert {point.checkpoint} to universal"
+                with logged_while_waiting(waiting, level=logging.INFO):
+                    dist.barrier()
             load_dir, tag = point.checkpoint, UNIVERSAL_DIR
         path, client_state = engine.load_checkpoint(
             str(load_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True

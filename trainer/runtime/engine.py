@@ -9,6 +9,7 @@ build its CPU Adam from the same hyperparameters, as ZeRO-Offload requires.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -30,6 +31,7 @@ from common.atomic import write_text_atomically
 from common.config import ConfigError
 from trainer.config import TrainConfig
 from trainer.runtime.optim import build_scheduler, param_groups
+from trainer.runtime.rendezvous import logged_while_waiting, reach_rank_zero
 
 REPO = Path(__file__).resolve().parents[2]
 YAML_OWNED_KEYS = (
@@ -63,7 +65,10 @@ def init_distributed() -> Distributed:
     DeepSpeed launcher started on one node without ``--master_port`` meet on a port the system
     picks (:func:`rendezvous_on_a_free_port`), so that two runs on one machine never share the
     launcher's fixed default port; an explicit ``--master_port`` (or a multi-node run) is used as
-    given, and a port another process holds fails in one line naming it.
+    given, and a port another process holds fails in one line naming it. Such a launch first checks
+    its address (:func:`trainer.runtime.rendezvous.reach_rank_zero`): a MASTER_ADDR that does not
+    resolve fails at once, a rank that cannot reach rank 0 logs while it waits and gives up after
+    the rendezvous timeout, and the join itself logs every 30 s while ranks are missing.
     """
     alone = "RANK" not in os.environ
     if alone:
@@ -83,8 +88,13 @@ def init_distributed() -> Distributed:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if alone or on_one_node_without_port():
         rendezvous_on_a_free_port(backend, rank, world_size)
+        joining: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    else:
+        addr, port = reach_rank_zero(rank)  # a wrong address fails in one line instead of hanging
+        joining = logged_while_waiting(f"rank {rank}: waiting for all {world_size} ranks to join at {addr}:{port}")
     try:
-        deepspeed.init_distributed(dist_backend=backend)  # adopts the group joined above, if any
+        with joining:
+            deepspeed.init_distributed(dist_backend=backend)  # adopts the group joined above, if any
     except dist.DistNetworkError as err:
         if "EADDRINUSE" not in str(err):
             raise
