@@ -19,15 +19,21 @@ and variant, each original first; labels and other columns copied) and ``augment
 config and the counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON
 object, a missing or empty text column) is a counted, reported skip, as for corpora.
 
-Memory: none of this tool's steps holds the dataset, which TinyBERT's 20 variants make 21 times
-the input. Workers read the input files (the driver only lists them); each example is keyed to a
-shard by its file and line alone (``lines_per_shard`` lines each); one worker sorts a shard and
-writes it as one gzip member into a work directory inside the output; the driver then streams the
-members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end are one gzip
-stream). So the driver and each worker hold at most one shard. What the runner keeps between steps
-is its own: the DirectRunner buffers each step's output in its memory; distributed runners shuffle
-through disk. Workers write into the output directory, so it must be on a filesystem they share
-with the driver.
+Memory: no step holds the dataset, which TinyBERT's 20 variants make 21 times the input, and the
+rows never pass through the runner (the DirectRunner would buffer each step's output in memory):
+they move through files in a work directory inside the output, and the runner carries only keys
+and paths. The driver lists the input files; a worker copies each file into pieces of at most
+``PIECE_LINES`` lines that never cross a shard (``lines_per_shard`` lines, by file and line
+alone); a worker augments a piece into a rows file in output order (each original, then its
+variants) and emits (shard, piece's first line, rows path); grouping by shard gathers those names;
+a worker streams a shard's rows files, in line order, into one gzip member and deletes them; the
+driver streams the members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end
+are one gzip stream) and removes the work directory (``common.atomic`` removes it on an error).
+So a worker holds one example's rows or a copy buffer at a time, and the runner a key and a path
+or two per piece, whatever ``variants`` and the length of the text (peak RSS: docs/benchmarks.md,
+"Augmentation memory"). A line over
+``MAX_LINE_CHARS`` (16 Mi characters) is a counted skip, never read whole. Workers write into the
+output directory, so it must be on a filesystem they share with the driver.
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ class AugmentConfig:
     max_seq_len: int = 128
     keep_original: bool = True
     seed: int = 0
-    lines_per_shard: int = 2_000  # input lines per output shard: what one worker sorts and compresses at once
+    lines_per_shard: int = 2_000  # input lines per output shard: one gzip member, written by one worker
     beam: dict[str, Any] = field(default_factory=dict)  # Beam pipeline options (runner, direct_num_workers, ...)
 
     def validate(self) -> None:
