@@ -179,6 +179,20 @@ def test_the_runner_carries_keys_and_paths_never_rows(tiny_teacher_dir, tmp_path
     assert max(largest.values()) < 1_000, largest
 
 
+def test_a_failed_run_leaves_no_output_and_no_work_files(task_file, tiny_teacher_dir, tmp_path):
+    """The MLM fails to load in the workers after the input was split into work files: the run
+    raises, and neither the output nor its work directory is left behind."""
+    import shutil
+
+    broken = tmp_path / "broken-mlm"
+    broken.mkdir()
+    shutil.copy(tiny_teacher_dir / "config.json", broken)  # passes validation, has no weights
+    before = set(tmp_path.iterdir())
+    with pytest.raises(RuntimeError, match=r"no file named model\.safetensors"):  # the worker's error, wrapped
+        augment(task_file, broken, tmp_path / "out")
+    assert set(tmp_path.iterdir()) == before
+
+
 def test_bad_config_names_the_key(task_file, tmp_path):
     with pytest.raises(ConfigError, match="input"):
         augment(tmp_path / "nothing-*.jsonl", tmp_path, tmp_path / "out")
