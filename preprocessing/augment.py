@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -334,25 +334,26 @@ def build_augment_dofn(cfg: AugmentConfig, work: str) -> Any:
     return Augment()
 
 
-def write_shard(element: tuple[tuple[int, int], list[tuple[int, str]]], work: str) -> None:
-    """One shard's rows pieces, in line order, streamed into one gzip member and deleted. The same
+def write_shard(element: tuple[tuple[int, int], Iterable[tuple[int, str]]], work: str) -> None:
+    """One shard's rows files, in line order, streamed into one gzip member and deleted. The same
     bytes as ``gzip.compress(rows, mtime=0)`` (zlib's gzip wrapper, level 9; deflate's output does
     not depend on how its input is fed), so every run writes the same file. Renamed into place: a
     retried bundle replaces the shard, never tears it, and one that finds it in place is done."""
-    (file, shard), pieces = element
+    (file, shard), names = element
     path = Path(work) / "shards" / shard_name(file, shard)
     if path.exists():
         return
+    pieces = [piece for _, piece in sorted(names)]
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
     with open(partial, "wb") as out:
-        for _, piece in sorted(pieces):
+        for piece in pieces:
             with gzip.open(piece, "rb") as rows:
                 while chunk := rows.read(COPY_BYTES):
                     out.write(compressor.compress(chunk))
         out.write(compressor.flush())
     os.replace(partial, path)
-    for _, piece in pieces:
+    for piece in pieces:
         os.remove(piece)
 
 

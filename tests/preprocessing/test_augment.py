@@ -193,6 +193,32 @@ def test_a_failed_run_leaves_no_output_and_no_work_files(task_file, tiny_teacher
     assert set(tmp_path.iterdir()) == before
 
 
+def test_a_shard_streamed_from_its_rows_files_is_the_member_the_rows_compressed_at_once_were(tmp_path):
+    """The output's bytes rest on this: rows files fed to zlib a chunk at a time (pieces of several
+    chunks, given out of order) give ``gzip.compress(rows, mtime=0)``'s bytes; the files are then
+    deleted, and a retry that finds the shard in place leaves it alone."""
+    import random
+
+    from preprocessing.augment import shard_name, write_shard
+
+    rng = random.Random(0)
+    words = [w for text in TEXTS for w in text.split()]
+    pieces = [("".join(f"{' '.join(rng.choices(words, k=30))}\n" for _ in range(n))).encode() for n in (9000, 1, 15000)]
+    for part in ("rows", "shards"):
+        (tmp_path / part).mkdir()
+    names = []
+    for first_line, piece in zip((1, 101, 201), pieces, strict=True):
+        path = tmp_path / "rows" / f"{first_line}.jsonl.gz"
+        path.write_bytes(gzip.compress(piece, compresslevel=1))
+        names.append((first_line, str(path)))
+    write_shard(((0, 3), reversed(names)), str(tmp_path))
+    shard = tmp_path / "shards" / shard_name(0, 3)
+    assert shard.read_bytes() == gzip.compress(b"".join(pieces), mtime=0) and len(b"".join(pieces)) > 3 * 2**20
+    assert not any((tmp_path / "rows").iterdir())
+    write_shard(((0, 3), names), str(tmp_path))  # a retried bundle: its rows files are gone
+    assert shard.read_bytes() == gzip.compress(b"".join(pieces), mtime=0)
+
+
 def test_bad_config_names_the_key(task_file, tmp_path):
     with pytest.raises(ConfigError, match="input"):
         augment(tmp_path / "nothing-*.jsonl", tmp_path, tmp_path / "out")
