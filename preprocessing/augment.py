@@ -17,7 +17,8 @@ its line number, and the candidates come from the model alone, so any runner wit
 workers writes the same file. The output directory holds ``train.jsonl.gz`` (sorted by file, line
 and variant, each original first; labels and other columns copied) and ``augment.json`` (the
 config and the counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON
-object, a missing or empty text column) is a counted, reported skip, as for corpora.
+object, a missing or empty text column, a line over 16 Mi characters) is a counted, reported skip,
+as for corpora.
 
 Memory: no step holds the dataset, which TinyBERT's 20 variants make 21 times the input, and the
 rows never pass through the runner (the DirectRunner would buffer each step's output in memory):
