@@ -17,17 +17,24 @@ its line number, and the candidates come from the model alone, so any runner wit
 workers writes the same file. The output directory holds ``train.jsonl.gz`` (sorted by file, line
 and variant, each original first; labels and other columns copied) and ``augment.json`` (the
 config and the counts); it appears whole (``common.atomic``). Bad input (a line that is not a JSON
-object, a missing or empty text column) is a counted, reported skip, as for corpora.
+object, a missing or empty text column, a line over 16 Mi characters) is a counted, reported skip,
+as for corpora.
 
-Memory: none of this tool's steps holds the dataset, which TinyBERT's 20 variants make 21 times
-the input. Workers read the input files (the driver only lists them); each example is keyed to a
-shard by its file and line alone (``lines_per_shard`` lines each); one worker sorts a shard and
-writes it as one gzip member into a work directory inside the output; the driver then streams the
-members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end are one gzip
-stream). So the driver and each worker hold at most one shard. What the runner keeps between steps
-is its own: the DirectRunner buffers each step's output in its memory; distributed runners shuffle
-through disk. Workers write into the output directory, so it must be on a filesystem they share
-with the driver.
+Memory: no step holds the dataset, which TinyBERT's 20 variants make 21 times the input, and the
+rows never pass through the runner (the DirectRunner would buffer each step's output in memory):
+they move through files in a work directory inside the output, and the runner carries only keys
+and paths. The driver lists the input files; a worker copies each file into pieces of at most
+``PIECE_LINES`` lines that never cross a shard (``lines_per_shard`` lines, by file and line
+alone); a worker augments a piece into a rows file in output order (each original, then its
+variants) and emits (shard, piece's first line, rows path); grouping by shard gathers those names;
+a worker streams a shard's rows files, in line order, into one gzip member and deletes them; the
+driver streams the members, in shard order, into ``train.jsonl.gz`` (gzip members laid end to end
+are one gzip stream) and removes the work directory (``common.atomic`` removes it on an error).
+So a worker holds one example's rows or a copy buffer at a time, and the runner a key and a path
+or two per piece, whatever ``variants`` and the length of the text (peak RSS: docs/benchmarks.md,
+"Augmentation memory"). A line over
+``MAX_LINE_CHARS`` (16 Mi characters) is a counted skip, never read whole. Workers write into the
+output directory, so it must be on a filesystem they share with the driver.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import dataclasses
 import glob
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -45,7 +53,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -60,7 +69,10 @@ log = logging.getLogger("preprocessing")
 NAMESPACE = "augment"
 OUTPUT_FILE = "train.jsonl.gz"
 SUMMARY_FILE = "augment.json"
-WORK_DIR = "shards"  # inside the output directory while the pipeline runs; removed after
+WORK_DIR = "work"  # inside the output directory while the pipeline runs; removed after
+PIECE_LINES = 100  # input lines one worker augments at once (at most 2,100 rows with 20 variants)
+MAX_LINE_CHARS = 16 * 2**20  # a longer input line is a counted skip, never read whole
+COPY_BYTES = 1 << 20
 WORD = re.compile(r"\w+")
 # Two DirectRunner worker threads setting up at once: transformers' first import (a lazy module)
 # fails in one of them ("cannot import name"), and it builds a model under a process-wide "meta
@@ -80,7 +92,7 @@ class AugmentConfig:
     max_seq_len: int = 128
     keep_original: bool = True
     seed: int = 0
-    lines_per_shard: int = 2_000  # input lines per output shard: what one worker sorts and compresses at once
+    lines_per_shard: int = 2_000  # input lines per output shard: one gzip member, written by one worker
     beam: dict[str, Any] = field(default_factory=dict)  # Beam pipeline options (runner, direct_num_workers, ...)
 
     def validate(self) -> None:
@@ -211,18 +223,89 @@ class MaskedLmCandidates:
 
 
 # ------------------------------------------------------------------------------------------------ Beam
-def build_augment_dofn(cfg: AugmentConfig) -> Any:
+# The rows never travel through the runner: they move through files in the work directory, and the
+# runner carries only keys and paths (a runner's buffers then do not grow with the data). Names are
+# zero-padded, so that they sort in (file, line) order.
+def piece_name(file: int, first_line: int) -> str:
+    return f"{file:09d}-{first_line:012d}"
+
+
+def shard_name(file: int, shard: int) -> str:
+    return f"{file:09d}-{shard:012d}.gz"
+
+
+def read_lines(path: str) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of each line of a file, gzipped or plain; the text is None for a line over
+    ``MAX_LINE_CHARS``, which is skipped without being held (at most that many characters at once)."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        line = 0
+        while text := f.readline(MAX_LINE_CHARS + 1):
+            line += 1
+            if len(text) <= MAX_LINE_CHARS or text.endswith("\n"):
+                yield line, text
+                continue
+            while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass  # the rest of the line, dropped a block at a time
+            yield line, None
+
+
+def split_file(element: tuple[int, str], work: str, lines_per_shard: int) -> Iterator[tuple[int, int, int, str]]:
+    """A worker copies one input file into pieces of at most ``PIECE_LINES`` lines that never cross
+    a shard (``lines_per_shard`` lines, from the file's first): (file, shard, first line, piece path).
+    A piece is the unit one worker augments. An over-long line becomes a blank one (blank lines
+    are dropped) and a counted skip, so the lines keep their numbers."""
+    import apache_beam as beam
+
+    file, path = element
+
+    def piece_of(item: tuple[int, str | None]) -> int:
+        line = item[0]
+        return line - (line - 1) % lines_per_shard % PIECE_LINES  # the piece's first line
+
+    for first_line, lines in itertools.groupby(read_lines(path), key=piece_of):
+        final = Path(work) / "input" / f"{piece_name(file, first_line)}.txt"
+        partial = final.with_name(f"{final.name}.{uuid.uuid4().hex}.partial")
+        with open(partial, "w", encoding="utf-8", newline="") as piece:
+            for _, text in lines:
+                if text is None:
+                    beam.metrics.Metrics.counter(NAMESPACE, "skipped_too_long").inc()
+                piece.write("\n" if text is None else text)
+        os.replace(partial, final)  # a retried bundle replaces the piece, never tears it
+        yield file, (first_line - 1) // lines_per_shard, first_line, str(final)
+
+
+def build_augment_dofn(cfg: AugmentConfig, work: str) -> Any:
     import apache_beam as beam
 
     class Augment(beam.DoFn):
-        """((file, line), text) -> ((file, line, variant), row) for the original (variant 0) and its
-        variants; bad lines counted."""
+        """(file, shard, first line, piece path) -> ((file, shard), (first line, rows path)): the
+        rows of the piece's examples (each original, then its variants: the output's order) written
+        to a work file, gzipped (fast level: 21 times the input waits on disk). A piece without
+        rows (bad or blank lines only) writes nothing and yields nothing, so a shard without rows
+        gets no gzip member. Bad lines counted."""
 
         def setup(self) -> None:
             self.candidates = MaskedLmCandidates(cfg.mlm, cfg.top_k, cfg.max_seq_len)
 
-        def process(self, element: tuple[tuple[int, int], str]) -> Iterator[tuple[tuple[int, int, int], str]]:
-            (file, line), text = element
+        def process(self, element: tuple[int, int, int, str]) -> Iterator[tuple[tuple[int, int], tuple[int, str]]]:
+            file, shard, first_line, path = element
+            final = Path(work) / "rows" / f"{piece_name(file, first_line)}.jsonl.gz"
+            partial = final.with_name(f"{final.name}.{uuid.uuid4().hex}.partial")
+            rows = 0
+            with open(path, encoding="utf-8", newline="") as lines, gzip.open(partial, "wb", compresslevel=1) as out:
+                for line, text in enumerate(lines, start=first_line):
+                    for row in self.rows(file, line, text):
+                        out.write(row.encode("utf-8") + b"\n")
+                        rows += 1
+            if rows == 0:
+                partial.unlink()
+                return
+            os.replace(partial, final)
+            yield (file, shard), (first_line, str(final))
+
+        def rows(self, file: int, line: int, text: str) -> Iterator[str]:
+            """One input line's rows as JSON: the original (variant 0), then variants 1, 2, ..."""
             if not text.strip():
                 return
             row, problem = parse_row(text, cfg.text_columns)
@@ -232,7 +315,7 @@ def build_augment_dofn(cfg: AugmentConfig) -> Any:
                 return
             count(NAMESPACE, "examples").inc()
             if cfg.keep_original:
-                yield (file, line, 0), json.dumps(row, ensure_ascii=False, sort_keys=True)
+                yield json.dumps(row, ensure_ascii=False, sort_keys=True)
             found = {column: self.candidates(row[column]) for column in cfg.text_columns}
             seen = {tuple(row[column] for column in cfg.text_columns)}
             for variant in range(1, cfg.variants + 1):
@@ -247,53 +330,40 @@ def build_augment_dofn(cfg: AugmentConfig) -> Any:
                     continue
                 seen.add(key)
                 count(NAMESPACE, "variants").inc()
-                yield (file, line, variant), json.dumps({**row, **new}, ensure_ascii=False, sort_keys=True)
+                yield json.dumps({**row, **new}, ensure_ascii=False, sort_keys=True)
 
     return Augment()
 
 
-def read_lines(element: tuple[int, str]) -> Iterator[tuple[tuple[int, int], str]]:
-    """A worker streams one input file (gzipped or plain): ((file, line number), text)."""
-    file, path = element
-    opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            yield (file, line), text
-
-
-def shard_of(
-    element: tuple[tuple[int, int, int], str], lines_per_shard: int
-) -> tuple[tuple[int, int], tuple[tuple[int, int, int], str]]:
-    """A row keyed by its shard, (file, block of ``lines_per_shard`` lines): the key alone decides
-    it, so every runner and worker count cuts the same shards."""
-    (file, line, _), _ = element
-    return (file, (line - 1) // lines_per_shard), element
-
-
-def shard_name(file: int, shard: int) -> str:
-    """Zero-padded, so that the names sort in shard order."""
-    return f"{file:09d}-{shard:012d}.gz"
-
-
-def write_shard(element: tuple[tuple[int, int], Any], work: str) -> None:
-    """One shard's rows in (file, line, variant) order as one gzip member with a fixed mtime (the
-    same bytes every run). Renamed into place: a retried bundle replaces the shard, never tears it."""
-    (file, shard), rows = element
-    data = gzip.compress(b"".join(text.encode("utf-8") + b"\n" for _, text in sorted(rows)), mtime=0)
-    path = Path(work) / shard_name(file, shard)
+def write_shard(element: tuple[tuple[int, int], Iterable[tuple[int, str]]], work: str) -> None:
+    """One shard's rows files, in line order, streamed into one gzip member and deleted. The same
+    bytes as ``gzip.compress(rows, mtime=0)`` (zlib's gzip wrapper, level 9; deflate's output does
+    not depend on how its input is fed), so every run writes the same file. Renamed into place: a
+    retried bundle replaces the shard, never tears it, and one that finds it in place is done."""
+    (file, shard), names = element
+    path = Path(work) / "shards" / shard_name(file, shard)
+    if path.exists():
+        return
+    pieces = [piece for _, piece in sorted(names)]
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
-    partial.write_bytes(data)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(partial, "wb") as out:
+        for piece in pieces:
+            with gzip.open(piece, "rb") as rows:
+                while chunk := rows.read(COPY_BYTES):
+                    out.write(compressor.compress(chunk))
+        out.write(compressor.flush())
     os.replace(partial, path)
+    for piece in pieces:
+        os.remove(piece)
 
 
-def concatenate_shards(work: Path, dest: Path) -> None:
-    """The shards, in order, streamed into ``dest`` (gzip members end to end are one gzip stream);
-    the work directory is removed."""
+def concatenate_shards(shards: Path, dest: Path) -> None:
+    """The shards, in order, streamed into ``dest`` (gzip members end to end are one gzip stream)."""
     with open(dest, "wb") as out:
-        for path in sorted(work.glob("*.gz")):
+        for path in sorted(shards.glob("*.gz")):
             with open(path, "rb") as shard:
                 shutil.copyfileobj(shard, out)
-    shutil.rmtree(work)
 
 
 def run(cfg: AugmentConfig) -> dict[str, int]:
@@ -307,23 +377,24 @@ def run(cfg: AugmentConfig) -> dict[str, int]:
     runner = make_runner(options)
     files = input_files(cfg.input)
     started = time.monotonic()
-    with atomic_directory(cfg.output) as tmp:  # the directory appears whole, counts included
+    with atomic_directory(cfg.output) as tmp:  # the directory appears whole; on an error, with no work left
         work = tmp / WORK_DIR
-        work.mkdir()
+        for part in ("input", "rows", "shards"):
+            (work / part).mkdir(parents=True)
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
             | "Files" >> beam.Create(list(enumerate(files)))
-            | "Read" >> beam.FlatMap(read_lines)
-            | "Spread" >> beam.Reshuffle()  # a file's lines over all workers, not the one that read it
-            | "Augment" >> beam.ParDo(build_augment_dofn(cfg))
-            | "Shard" >> beam.Map(shard_of, cfg.lines_per_shard)
+            | "Split" >> beam.FlatMap(split_file, str(work), cfg.lines_per_shard)
+            | "Spread" >> beam.Reshuffle()  # a file's pieces over all workers, not the one that split it
+            | "Augment" >> beam.ParDo(build_augment_dofn(cfg, str(work)))
             | "Group" >> beam.GroupByKey()
             | "Write" >> beam.Map(write_shard, str(work))
         )
         result = pipeline.run()
         result.wait_until_finish()
-        concatenate_shards(work, tmp / OUTPUT_FILE)
+        concatenate_shards(work / "shards", tmp / OUTPUT_FILE)
+        shutil.rmtree(work)
         counters = result.metrics().query(beam.metrics.MetricsFilter().with_namespace(NAMESPACE))["counters"]
         counts = {counter.key.metric.name: int(counter.committed or counter.attempted) for counter in counters}
         summary = {"config": to_dict(cfg), "counts": counts}

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,6 +128,95 @@ def test_command_line_with_two_worker_threads(two_task_files, tiny_teacher_dir, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert counts == json.loads((out / SUMMARY_FILE).read_text())["counts"] and counts["examples"] == len(examples)
+
+
+def test_the_runner_carries_keys_and_paths_never_rows(tiny_teacher_dir, tmp_path, monkeypatch):
+    """Every PCollection of the real pipeline is measured (a step added to each, on the DirectRunner
+    with two workers): with rows of ~9,000 characters, no element passing between steps is more
+    than a few paths long. Rows or input lines carried by the runner, which the DirectRunner
+    buffers whole, would fail this. A line over 16 Mi characters is a counted skip in passing."""
+    import apache_beam as beam
+    from apache_beam.pipeline import PipelineVisitor
+
+    long_text = " ".join(TEXTS * 40)
+    path = tmp_path / "long.jsonl"
+    lines = [json.dumps({"text": f"{i}: {long_text}", "label": i % 2}) for i in range(6)]
+    lines.insert(2, json.dumps({"text": "x" * (16 * 2**20), "label": 0}))  # over 16 Mi characters
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    class Outputs(PipelineVisitor):
+        def __init__(self) -> None:
+            self.outputs: dict[str, beam.PCollection] = {}
+
+        def visit_transform(self, node: Any) -> None:
+            self.outputs.update({f"{node.full_label}:{tag}": pcoll for tag, pcoll in node.outputs.items()})
+
+    def size(element: object, step: str) -> None:
+        beam.metrics.Metrics.distribution("element_chars", step).update(len(repr(element)))
+
+    results, original_run = [], beam.Pipeline.run
+
+    def measured_run(pipeline: beam.Pipeline, *args: Any, **kwargs: Any) -> Any:
+        if not results:  # the user's pipeline, not the runner's copy of it
+            visitor = Outputs()
+            pipeline.visit(visitor)
+            for i, (step, pcoll) in enumerate(visitor.outputs.items()):
+                _ = pcoll | f"Measure {i}" >> beam.Map(size, step)
+        results.append(original_run(pipeline, *args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(beam.Pipeline, "run", measured_run)
+    counts = augment(path, tiny_teacher_dir, tmp_path / "out", lines_per_shard=4, beam=TWO_WORKERS)
+    assert counts["skipped_too_long"] == 1 and counts["examples"] == 6
+
+    with gzip.open(tmp_path / "out" / OUTPUT_FILE, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 6 + counts["variants"] and min(len(row["text"]) for row in rows) > 8_000
+    query = beam.metrics.MetricsFilter().with_namespace("element_chars")
+    largest = {d.key.metric.name: d.committed.max for d in results[0].metrics().query(query)["distributions"]}
+    steps = {step.split("/")[0].split(":")[0] for step in largest}
+    assert {"Files", "Split", "Spread", "Augment", "Group", "Write"} <= steps, largest
+    assert max(largest.values()) < 1_000, largest
+
+
+def test_a_failed_run_leaves_no_output_and_no_work_files(task_file, tiny_teacher_dir, tmp_path):
+    """The MLM fails to load in the workers after the input was split into work files: the run
+    raises, and neither the output nor its work directory is left behind."""
+    import shutil
+
+    broken = tmp_path / "broken-mlm"
+    broken.mkdir()
+    shutil.copy(tiny_teacher_dir / "config.json", broken)  # passes validation, has no weights
+    before = set(tmp_path.iterdir())
+    with pytest.raises(RuntimeError, match=r"no file named model\.safetensors"):  # the worker's error, wrapped
+        augment(task_file, broken, tmp_path / "out")
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_a_shard_streamed_from_its_rows_files_is_the_member_the_rows_compressed_at_once_were(tmp_path):
+    """The output's bytes rest on this: rows files fed to zlib a chunk at a time (pieces of several
+    chunks, given out of order) give ``gzip.compress(rows, mtime=0)``'s bytes; the files are then
+    deleted, and a retry that finds the shard in place leaves it alone."""
+    import random
+
+    from preprocessing.augment import shard_name, write_shard
+
+    rng = random.Random(0)
+    words = [w for text in TEXTS for w in text.split()]
+    pieces = [("".join(f"{' '.join(rng.choices(words, k=30))}\n" for _ in range(n))).encode() for n in (9000, 1, 15000)]
+    for part in ("rows", "shards"):
+        (tmp_path / part).mkdir()
+    names = []
+    for first_line, piece in zip((1, 101, 201), pieces, strict=True):
+        path = tmp_path / "rows" / f"{first_line}.jsonl.gz"
+        path.write_bytes(gzip.compress(piece, compresslevel=1))
+        names.append((first_line, str(path)))
+    write_shard(((0, 3), reversed(names)), str(tmp_path))
+    shard = tmp_path / "shards" / shard_name(0, 3)
+    assert shard.read_bytes() == gzip.compress(b"".join(pieces), mtime=0) and len(b"".join(pieces)) > 3 * 2**20
+    assert not any((tmp_path / "rows").iterdir())
+    write_shard(((0, 3), names), str(tmp_path))  # a retried bundle: its rows files are gone
+    assert shard.read_bytes() == gzip.compress(b"".join(pieces), mtime=0)
 
 
 def test_bad_config_names_the_key(task_file, tmp_path):
