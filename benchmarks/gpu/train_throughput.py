@@ -16,8 +16,9 @@ after the first (which holds start-up and warm-up):
 
 Then ``benchmarks/distill_step.py`` times this project's bare step and the naive reference step
 (``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
-``torch.compile`` of student and teacher: the ratio is
-the speed-up over the usual way. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
+``torch.compile`` of student and teacher (``Distiller.compile_models``): the ratio is the speed-up
+over the usual way. Last, ``benchmarks/losses.py`` times the output losses alone, eager and compiled,
+at the step's shapes (what compiling the losses adds). Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
 
 ``--quick`` is the CPU dry run: a 12-layer, 96-wide teacher, the 128-token data, micro-batches of 2
@@ -205,6 +206,16 @@ def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bo
     return results
 
 
+def loss_comparison(quick: bool) -> dict[str, Any]:
+    """benchmarks/losses.py: the output losses of a 32 x 512 micro-batch (quick: 2 x 128), eager and compiled."""
+    shape = ["--batch=2", "--seq-len=128", "--steps=2", "--warmup=1"] if quick else ["--batch=32", "--seq-len=512"]
+    command = [sys.executable, "benchmarks/losses.py", *shape, "--json"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
     if report["cases"]:
@@ -231,6 +242,18 @@ def markdown(report: dict[str, Any]) -> str:
         )
     if report.get("naive_ratio"):
         lines += ["", f"Project step / naive step tokens/s: **{report['naive_ratio']:.2f}x**"]
+    losses = report.get("losses")
+    if losses and "error" in losses:
+        lines += ["", "Output losses, eager vs compiled (benchmarks/losses.py): error"]
+    elif losses:
+        lines += [
+            "",
+            f"Output losses alone (benchmarks/losses.py, logits {losses['shapes']['logits']}, hidden "
+            f"{losses['shapes']['hidden']}, {losses['shapes']['dtype']}), forward + backward: eager "
+            f"{losses['eager_ms']:.2f} ms, compiled {losses['compiled_ms']:.2f} ms "
+            f"(**{losses['eager_over_compiled']:.2f}x**); max |gradient difference| "
+            f"{losses['max_grad_difference']:.1e}",
+        ]
     for r in report["steps"]:
         if r.get("profile"):
             heading = f"Where the bare step's time goes ({' '.join(r['args'])}):"
@@ -287,6 +310,7 @@ def main() -> int:
         project, naive = rates.get(" ".join(PROJECT_STEP)), rates.get(" ".join(NAIVE_STEP))
         if project and naive:
             report["naive_ratio"] = project / naive
+        report["losses"] = loss_comparison(args.quick)
         save()
     print(markdown(report))
     return 0

@@ -117,8 +117,9 @@ def test_fp16_overflowing_steps_are_skipped_not_fatal(
         "deepspeed.initial_scale_power=32",
         "max_steps=40",
     )
-    log = (out.parent / f"{out.name}.log").read_text()
-    assert "OVERFLOW! Rank 0 Skipping step" in log
+    # Not DeepSpeed's "[deepspeed] OVERFLOW! Rank 0 Skipping step" line: its loss scaler logs that at INFO, and
+    # DeepSpeed's logger is at WARNING in a rank (its default; the launcher's --log_level stays in the launcher).
+    # The skipped steps show in the records instead: a non-finite grad norm, not counted by the guard.
     train = [r for r in records(out) if "train/loss" in r]
     assert [r["step"] for r in train] == list(range(1, 41))
     skipped = [r["step"] for r in train if not math.isfinite(r["train/grad_norm"])]

@@ -16,7 +16,7 @@ from common.config import ConfigError, load_config
 from trainer.commands.plan import step_flops_per_token
 from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TinyBertConfig, TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config
-from trainer.objective.distiller import Distiller, eval_metrics, validate_against_teacher
+from trainer.objective.distiller import OUTPUT_LOSSES, Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
 
 SPECIALS = [0, 100, 101, 102, 103]  # bert-base-uncased [PAD] [UNK] [CLS] [SEP] [MASK]
@@ -215,8 +215,9 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
 def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
     student, teacher, batch, objective: ObjectiveConfig
 ) -> None:
-    """``compile=true``: what a step calls (encoders, heads) is compiled, hooks of the layer methods included,
-    with the eager step's numbers; later steps reuse the graphs (the hooks come and go every step)."""
+    """``compile=true``: what a step calls (encoders, heads, layer methods, output losses) is compiled, hooks of
+    the layer methods included, with the eager step's numbers; later steps reuse the graphs (the hooks come and
+    go every step)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -239,6 +240,8 @@ def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-6), name
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints and export see the same keys
+    for name, fn in compiled.losses.items():  # each term's loss is its compiled twin
+        assert getattr(fn, "_torchdynamo_orig_callable", None) is OUTPUT_LOSSES[name], name
 
 
 def test_the_naive_reference_step_computes_the_projects_losses(student, teacher, tiny_teacher_dir: Path) -> None:

@@ -37,7 +37,9 @@ from trainer.objective.layer_distillation import LayerDistillation, method_class
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
 from trainer.objective.masking import MaskedBatch, Positions
 
-OUTPUT_TERMS = ("ce", "mlm", "cos", "mse")
+# The function of each output-level term; Distiller.compile_models swaps in compiled twins.
+OUTPUT_LOSSES = {"ce": kl_distillation_loss, "mlm": masked_lm_loss, "cos": cosine_loss, "mse": logit_mse_loss}
+OUTPUT_TERMS = tuple(OUTPUT_LOSSES)
 LOGIT_TERMS = ("ce", "mse")  # need the teacher's vocabulary logits
 TEACHER_TERMS = ("ce", "cos", "mse")
 
@@ -121,18 +123,23 @@ class Distiller(nn.Module):
         self.layer_distillation = LayerDistillation(objective, teacher_config, student.config)
         self.capture_specs = self.layer_distillation.capture_specs()
         self.weights = {**active_weights(objective), **self.layer_distillation.weights}
+        self.losses = dict(OUTPUT_LOSSES)
 
     @property
     def teacher(self) -> PreTrainedModel | None:
         return self._teacher[0]
 
     def compile_models(self) -> None:
-        """``torch.compile``, in place, the modules a step calls: each model's encoder and MLM head.
+        """``torch.compile``, in place, what a step calls: each model's encoder and MLM head, the layer
+        methods, and the output-level loss functions.
 
         Not the top-level models: a step calls their encoder (``base_model``) and head directly, the
         head only at the positions a loss reads, so compiling a top-level ``forward`` would compile
         nothing that runs. In place (``nn.Module.compile``), so parameter names, state-dict keys,
-        checkpoints and export are unchanged.
+        checkpoints and export are unchanged. The losses are compiled because eager mode spends most
+        of their time moving ``[positions, vocab]`` float32 copies (the upcast, the temperature, each
+        log-softmax, the KL terms: a pass over memory each); compiled, each loss is a few fused
+        kernels (docs/benchmarks.md, "Compiled losses").
         """
         for model in (self.student, self.teacher):
             if model is None:
@@ -141,6 +148,9 @@ class Distiller(nn.Module):
             head = mlm_head(model)
             if head is not None:
                 head.compile()
+        if self.layer_distillation.weights:
+            self.layer_distillation.compile()
+        self.losses = {name: torch.compile(fn) for name, fn in self.losses.items()}
 
     def student_model(self) -> PreTrainedModel:
         """The student alone, as exported (no teacher, no loss-only parameters)."""
@@ -167,23 +177,23 @@ class Distiller(nn.Module):
                 ).last_hidden_state
             terms.update(self.layer_distillation(student_layers, teacher_layers, real))
             if "cos" in self.weights:
-                terms["cos"] = cosine_loss(student_hidden, teacher_hidden, real)
+                terms["cos"] = self.losses["cos"](student_hidden, teacher_hidden, real)
             if any(name in self.weights for name in LOGIT_TERMS):
                 student_logits = student_head(logits_at.take(student_hidden))
                 with torch.no_grad():
                     teacher_logits = mlm_head(self.teacher)(logits_at.take(teacher_hidden))
                 if "ce" in self.weights:
-                    terms["ce"] = kl_distillation_loss(
+                    terms["ce"] = self.losses["ce"](
                         student_logits, teacher_logits, self.objective.temperature, logits_at.valid
                     )
                 if "mse" in self.weights:
-                    terms["mse"] = logit_mse_loss(student_logits, teacher_logits, logits_at.valid)
+                    terms["mse"] = self.losses["mse"](student_logits, teacher_logits, logits_at.valid)
         if "mlm" in self.weights:
             if student_logits is None:
                 mlm_logits = student_head(masked.take(student_hidden))
             else:  # reuse the logits the distillation terms computed
                 mlm_logits = student_logits if logits_at is masked else masked.take(student_logits)
-            terms["mlm"] = masked_lm_loss(mlm_logits, batch.targets, masked.valid)
+            terms["mlm"] = self.losses["mlm"](mlm_logits, batch.targets, masked.valid)
 
         loss = sum(self.weights[name] * value for name, value in terms.items())
         return {"loss": loss, **terms}
