@@ -7,9 +7,11 @@
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
 backward, and a torch AdamW step. Batches are synthetic packed sequences ([CLS], random
-non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on the text. The
-student runs under autocast in ``deepspeed.precision`` (bf16/fp16) with float32 weights, as
-DeepSpeed's mixed precision does; the teacher runs in that dtype.
+non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on the text. Precision
+is DeepSpeed's bf16/fp16 mode (``deepspeed.precision``), without DeepSpeed: student and teacher hold
+16-bit weights and run in 16 bits (no autocast), and AdamW updates float32 master copies of the
+student's weights, copied back after each step (:class:`MasterWeights`; no loss scaling, so fp16 gives
+timings, not a trained model).
 
 MFU = tokens/s x model FLOPs per token (``trainer.commands.plan.step_flops_per_token``, the figure
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
@@ -199,6 +201,36 @@ def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.G
     return ids
 
 
+class MasterWeights:
+    """DeepSpeed's 16-bit training mode, without DeepSpeed: the model holds 16-bit weights and gradients,
+    AdamW holds float32 master copies (``fused`` on CUDA, as the trainer's). A step copies the gradients into
+    the masters, updates them and copies them back: the per-step traffic of ZeRO's bf16 optimizer on one rank.
+    With float32 weights it is the plain optimizer."""
+
+    def __init__(self, params: list[torch.nn.Parameter], cfg: TrainConfig, fused: bool) -> None:
+        self.params = params
+        self.masters = params
+        if params[0].dtype != torch.float32:
+            self.masters = [torch.nn.Parameter(p.detach().float()) for p in params]
+        optimizer = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.masters, lr=optimizer.lr, betas=tuple(optimizer.betas), eps=optimizer.eps, fused=fused
+        )
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.masters is not self.params:
+            for master, param in zip(self.masters, self.params, strict=True):
+                master.grad = param.grad.float()
+        self.optimizer.step()
+        if self.masters is not self.params:
+            torch._foreach_copy_(self.params, self.masters)
+            for master in self.masters:
+                master.grad = None
+        for param in self.params:
+            param.grad = None
+
+
 def build_models(cfg: TrainConfig, random_weights: bool) -> tuple[Any, Any]:
     """(teacher in the training dtype, float32 student), the student derived before the teacher is cast."""
     if random_weights:
@@ -234,33 +266,26 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
             return torch.tensor(naive(host_batches[i % 4], seeded_generator(cfg.seed, i))["loss"])
 
     else:
-        distiller = Distiller(student, teacher.to(device), cfg.objective).to(device).train()
+        # Both models in the training dtype, as DeepSpeed's bf16/fp16 mode converts the module it trains.
+        distiller = Distiller(student, teacher.to(device), cfg.objective).to(device, dtype).train()
         if args.compile:
             distiller.compile_models()
         # As in training: frequency-smoothed masking (the DistilBERT preset) reads the dataset's token counts.
         counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
         masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)
-        optimizer = torch.optim.AdamW(
-            distiller.parameters(),
-            lr=cfg.optimizer.lr,
-            betas=tuple(cfg.optimizer.betas),
-            eps=cfg.optimizer.eps,
-            fused=args.fused_adamw and device.type == "cuda",
-        )
-        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+        trainable = [p for p in distiller.parameters() if p.requires_grad]
+        optimizer = MasterWeights(trainable, cfg, fused=args.fused_adamw and device.type == "cuda")
         batches = [b.to(device) for b in host_batches]
 
         def forward_backward(i: int) -> torch.Tensor:
             masked = masker(batches[i % len(batches)], None, seeded_generator(cfg.seed, i, 0, device=device))
-            with autocast:
-                loss = distiller(masked, None)["loss"]
+            loss = distiller(masked, None)["loss"]
             loss.backward()
             return loss.detach()
 
         def step(i: int) -> torch.Tensor:
             loss = forward_backward(i)
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
             return loss
 
     for i in range(args.warmup):

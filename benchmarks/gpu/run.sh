@@ -25,6 +25,8 @@ PY=${PYTHON:-python3}
 source benchmarks/gpu/wheels_env.sh .gpu/wheels || exit 1
 export ENCODER_DISTILL_TOKENIZER=$PWD/.gpu/tokenizer ENCODER_DISTILL_GPU_DATA=$PWD/.gpu/data-128
 unset DS_ACCELERATOR  # DeepSpeed detects CUDA
+# The offload test JIT-builds DeepSpeed's CPU Adam (plain C++): somewhere writable even if $HOME is not.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
 
 {
     date -u
