@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.distill_step import profile_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
-from trainer.commands.plan import step_flops_per_token
+from trainer.commands.plan import activation_gib, step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
 
@@ -133,11 +133,15 @@ def case_overrides(case: Case, teacher: Path, data: Path, out: Path) -> list[str
     ]
 
 
-def flops_per_token(case: Case, overrides: list[str]) -> float:
+def planned(case: Case, overrides: list[str]) -> dict[str, float]:
+    """What ``plan`` computes for the case: model FLOPs per token, and the GiB one micro-batch saves for
+    backward (to set beside the measured peak, which adds weights, gradients, optimizer states, buffers)."""
     cfg = load_config(TrainConfig, str(REPO / "configs" / f"{case.preset}.yaml"), overrides)
     teacher = load_teacher_config(cfg.teacher)
     student = student_config(cfg.student, base_config(cfg.student, teacher))
-    return step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, case.seq)["total"]
+    flops = step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, case.seq)
+    activations = activation_gib(cfg, teacher, student, case.seq)
+    return {"flops_per_token": flops["total"], "planned_activation_gib": activations}
 
 
 def summarize(out: Path) -> dict[str, Any]:
@@ -179,10 +183,9 @@ def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float
     if rc != 0:
         result["error"] = log_path.read_text()[-2000:]
     result.update(summarize(out))
-    flops = flops_per_token(case, overrides)
-    result["flops_per_token"] = flops
+    result.update(planned(case, overrides))
     if "tokens_per_s" in result and peak:
-        result["mfu"] = result["tokens_per_s"] * flops / peak
+        result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
     return result
 
 
@@ -219,15 +222,17 @@ def loss_comparison(quick: bool) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
     if report["cases"]:
-        lines += ["", "| case | seq | micro | global | tokens/s | MFU | peak GiB | data wait | rc |", "|---" * 9 + "|"]
+        header = "| case | seq | micro | global | tokens/s | MFU | peak GiB | planned act. GiB | data wait | rc |"
+        lines += ["", header, "|---" * 10 + "|"]
     for r in report["cases"]:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
         mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
         wait = f"{r['data_wait_share']:.1%}" if r.get("data_wait_share") is not None else "-"
         gb = r["global_batch"] or r["micro"]
+        act = f"{r['planned_activation_gib']:.2f}" if r.get("planned_activation_gib") is not None else "-"
         lines.append(
-            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {wait} | {r['rc']} |"
+            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {act} | {wait} | {r['rc']} |"
         )
     if report["steps"]:
         lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---" * 5 + "|"]

@@ -19,12 +19,15 @@ MLM head, no pooler), the convention of the published sizes (BERT-base 110M, Dis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import yaml
 from transformers import PretrainedConfig, PreTrainedModel
 
@@ -39,10 +42,17 @@ from trainer.modeling import (
     mlm_head,
     student_config,
     student_layer_map,
+    training_dtype,
 )
-from trainer.objective.distiller import LOGIT_TERMS, TEACHER_TERMS, active_weights, validate_against_teacher
+from trainer.objective.distiller import (
+    LOGIT_TERMS,
+    TEACHER_TERMS,
+    Distiller,
+    active_weights,
+    validate_against_teacher,
+)
 from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
-from trainer.objective.masking import max_masked
+from trainer.objective.masking import MaskedBatch, Positions, max_masked
 
 
 # --------------------------------------------------------------------- parameter and FLOP arithmetic
@@ -150,6 +160,80 @@ def step_flops_per_token(
     )
 
 
+# ------------------------------------------------------------------------------- activation memory
+class _FlashAttentionSaves(torch.autograd.Function):
+    """SDPA as the flash kernel keeps it for backward: q, k, v, the output and a float32 log-sum-exp per query.
+
+    On the meta device SDPA takes its math path, which saves the ``[seq, seq]`` score matrices that no
+    GPU run of a packed batch keeps (attention dropout included: flash keeps only its random state).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1], dtype=torch.float32))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@contextlib.contextmanager
+def flash_attention_saves() -> Iterator[None]:
+    """Within: ``F.scaled_dot_product_attention`` (what Hugging Face's SDPA attention calls) saves as flash does."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = lambda q, k, v, *args, **kwargs: _FlashAttentionSaves.apply(q, k, v)
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def saved_activation_bytes(distiller: Distiller, batch: MaskedBatch) -> int:
+    """Bytes autograd keeps for the backward of one training forward (weights excluded), counted as it saves
+    them: each tensor once, a view as its base. With meta tensors this costs no memory and no compute."""
+    weights = {id(p) for p in distiller.parameters()}
+    if distiller.teacher is not None:
+        weights |= {id(p) for p in distiller.teacher.parameters()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor if tensor._base is None else tensor._base
+        if id(base) not in weights:
+            saved[id(base)] = base  # held, so that no id is reused while counting
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        distiller(batch, None)
+    return sum(t.numel() * t.element_size() for t in saved.values())
+
+
+def activation_gib(
+    cfg: TrainConfig, teacher_config: PretrainedConfig | None, s_config: PretrainedConfig, seq_len: int
+) -> float:
+    """GiB saved for backward by one micro-batch of packed sequences, in ``deepspeed.precision``, counted on
+    the meta device through the real Distiller, with flash attention's saves (:func:`flash_attention_saves`).
+
+    Only the activations: the weights, gradients and optimizer states (their share depends on the ZeRO
+    stage), DeepSpeed's communication buckets and the allocator's slack come on top, and a padded batch
+    (which takes the memory-efficient kernel and an attention mask) keeps a little more.
+    """
+    dtype = training_dtype(cfg.deepspeed.precision)
+    teacher = None if teacher_config is None else build_on_meta(teacher_config).to(dtype).eval()
+    student = build_on_meta(s_config).to(dtype).train()
+    with torch.device("meta"):
+        distiller = Distiller(student, teacher, cfg.objective).to(dtype)
+        budget = max_masked(cfg.masking.probability, seq_len)
+        ids = torch.zeros(cfg.micro_batch_size, seq_len, dtype=torch.long)
+        index = torch.zeros(cfg.micro_batch_size, budget, dtype=torch.long)
+        positions = Positions(index=index, valid=torch.ones_like(index, dtype=torch.bool))
+        batch = MaskedBatch(ids, ids, positions, index)
+    with flash_attention_saves():
+        return saved_activation_bytes(distiller, batch) / 2**30
+
+
 # ----------------------------------------------------------------------------------------- the plan
 def read_manifest(data: str) -> dict[str, Any] | None:
     path = Path(data) / "manifest.json"
@@ -216,6 +300,8 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
             "tokens_per_step": tokens_per_step,
         },
         "flops_per_token": flops,
+        # per rank and micro-batch; gradient accumulation adds none (one micro-batch is alive at a time)
+        "activation_gib": activation_gib(cfg, teacher_config, s_config, seq_len),
         "flops_per_step": flops["total"] * tokens_per_step,
         "flops_total": flops["total"] * tokens_per_step * cfg.max_steps,
         "data": {"path": cfg.data, "found": manifest is not None},
@@ -267,6 +353,9 @@ def render(plan: dict[str, Any]) -> str:
         + (" (no teacher: the student's forward and backward only)" if plan["teacher"] is None else ""),
         f"FLOPs per step: {plan['flops_per_step']:.3e}; whole run ({plan['config']['max_steps']} steps): "
         f"{plan['flops_total']:.3e}",
+        f"activations saved for backward: {plan['activation_gib']:.2f} GiB per rank (one micro-batch of "
+        f"{b['micro_batch_size']} x {b['seq_len']}, flash attention; weights, gradients, optimizer states and "
+        "DeepSpeed's buffers come on top)",
     ]
     data = plan["data"]
     if data["found"]:
