@@ -27,7 +27,15 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import console_log, finish_run, latest_step, launch_run, records
+from helpers import (
+    FP16_OVERFLOW,
+    check_fp16_overflows_were_skipped,
+    console_log,
+    finish_run,
+    latest_step,
+    launch_run,
+    records,
+)
 from helpers import kill_and_resume as kill_rank_and_resume
 from helpers import train_losses as losses_of
 from safetensors.torch import load_file
@@ -201,6 +209,20 @@ def test_a_compiled_run_trains_like_the_reference_and_exports_a_plain_student(
     check_student(out / "student")
     first, reference = train_losses(out)[1]["train/loss"], train_losses(reference_run)[1]["train/loss"]
     assert first == pytest.approx(reference, rel=0.01)
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    reason="DeepSpeed's CPU accelerator trains in fp16 only where oneDNN has fp16 kernels (AVX512-FP16 or AMX)",
+)
+def test_fp16_overflowing_steps_are_skipped_not_fatal(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
+) -> None:
+    """fp16 on two CPU ranks with a loss scale of 2**32: the loss scaler skips the overflowing steps (on every
+    rank: the overflow is all-reduced) and halves the scale, and the run trains on to the end, where the
+    non-finite guard would have stopped it. The same check runs on a GPU in tests/gpu."""
+    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", *FP16_OVERFLOW, "max_steps=30")
+    check_fp16_overflows_were_skipped(out, 30)
 
 
 def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
