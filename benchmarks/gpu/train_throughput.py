@@ -189,6 +189,14 @@ def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float
     return result
 
 
+def json_result(command: list[str]) -> dict[str, Any]:
+    """The JSON a benchmark script prints last (after any log lines), or ``{"error": its stderr's tail}``."""
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
+
+
 def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[dict[str, Any]]:
     """benchmarks/distill_step.py: this project's bare step (fused AdamW on, off; compiled) and the naive step."""
     micro, seq, steps = (2, 128, 2) if quick else (32, 512, 10)
@@ -197,26 +205,15 @@ def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bo
     base += ["--random-weights", f"--tokenizer={tokenizer}", "--json"]
     if quick:
         base += ["student.teacher_layers=null"]
-    results = []
     variants = [PROJECT_STEP, ["--step=project", "--no-fused-adamw"], NAIVE_STEP]
     variants += [["--step=project", "--compile"]]  # last: its compile time is the least predictable
-    for extra in variants:
-        proc = subprocess.run([*base, *extra], cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
-        if proc.returncode != 0:
-            results.append({"args": extra, "error": proc.stderr[-2000:]})
-            continue
-        results.append({"args": extra, **json.loads(proc.stdout[proc.stdout.index("{") :])})
-    return results
+    return [{"args": extra, **json_result([*base, *extra])} for extra in variants]
 
 
 def loss_comparison(quick: bool) -> dict[str, Any]:
     """benchmarks/losses.py: the output losses of a 32 x 512 micro-batch (quick: 2 x 128), eager and compiled."""
     shape = ["--batch=2", "--seq-len=128", "--steps=2", "--warmup=1"] if quick else ["--batch=32", "--seq-len=512"]
-    command = [sys.executable, "benchmarks/losses.py", *shape, "--json"]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
-    if proc.returncode != 0:
-        return {"error": proc.stderr[-2000:]}
-    return json.loads(proc.stdout[proc.stdout.index("{") :])
+    return json_result([sys.executable, "benchmarks/losses.py", *shape, "--json"])
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from common.atomic import write_text_atomically
 from common.config import ConfigError
 from trainer.config import TrainConfig
 from trainer.runtime.optim import build_scheduler, param_groups
-from trainer.runtime.rendezvous import logged_while_waiting, reach_rank_zero
+from trainer.runtime.rendezvous import joining_at_rank_zero
 
 REPO = Path(__file__).resolve().parents[2]
 YAML_OWNED_KEYS = (
@@ -90,8 +90,7 @@ def init_distributed() -> Distributed:
         rendezvous_on_a_free_port(backend, rank, world_size)
         joining: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     else:
-        addr, port = reach_rank_zero(rank)  # a wrong address fails in one line instead of hanging
-        joining = logged_while_waiting(f"rank {rank}: waiting for all {world_size} ranks to join at {addr}:{port}")
+        joining = joining_at_rank_zero(rank, world_size)
     try:
         with joining:
             deepspeed.init_distributed(dist_backend=backend)  # adopts the group joined above, if any

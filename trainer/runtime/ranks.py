@@ -66,7 +66,7 @@ def init_ranks() -> Ranks:
     import torch.distributed as dist
 
     from trainer.runtime.engine import on_one_node_without_port, rendezvous_on_a_free_port
-    from trainer.runtime.rendezvous import logged_while_waiting, reach_rank_zero
+    from trainer.runtime.rendezvous import joining_at_rank_zero
 
     if cuda:
         torch.cuda.set_device(device)
@@ -74,9 +74,7 @@ def init_ranks() -> Ranks:
     if on_one_node_without_port():  # as training does: two launches on one machine never share a port
         rendezvous_on_a_free_port(backend, int(os.environ["RANK"]), world_size)
     else:  # as training does: a wrong MASTER_ADDR or an unreachable rank 0 says so instead of hanging
-        rank = int(os.environ["RANK"])
-        addr, port = reach_rank_zero(rank)
-        with logged_while_waiting(f"rank {rank}: waiting for all {world_size} ranks to join at {addr}:{port}"):
+        with joining_at_rank_zero(int(os.environ["RANK"]), world_size):
             dist.init_process_group(backend)
     return Ranks(dist.get_rank(), world_size, device)
 

@@ -168,6 +168,15 @@ def reach_rank_zero(rank: int) -> tuple[str, int]:
 
 
 @contextlib.contextmanager
+def joining_at_rank_zero(rank: int, world_size: int) -> Iterator[None]:
+    """Around a launch's join (``init_process_group``, given its address): :func:`reach_rank_zero` first, then
+    the join logs every 30 s while ranks are missing."""
+    addr, port = reach_rank_zero(rank)  # a wrong address fails in one line instead of hanging
+    with logged_while_waiting(f"rank {rank}: waiting for all {world_size} ranks to join at {addr}:{port}"):
+        yield
+
+
+@contextlib.contextmanager
 def logged_while_waiting(what: str, every_s: float = LOG_EVERY_S, level: int = logging.WARNING) -> Iterator[None]:
     """Log ``WHAT for N s`` every ``every_s`` seconds while the body runs (a blocking call that says
     nothing while it waits: a join, a barrier); nothing if it returns sooner.
