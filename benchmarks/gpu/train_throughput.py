@@ -9,10 +9,10 @@ saved once with the carried tokenizer. From its ``metrics.jsonl`` it reports, ov
 after the first (which holds start-up and warm-up):
 
 * tokens/s: real tokens over wall time, measured by the loop itself (``train/tokens_per_s``);
-* MFU: tokens/s x model FLOPs per token as ``plan`` counts them (``step_flops_per_token``) over the
+* MFU: tokens/s x model FLOPs per token as ``plan`` counts them (``build_plan``) over the
   dense bf16 peak of the GPU (989 TFLOP/s for an H100), as ``benchmarks/distill_step.py`` does;
-* peak GPU memory (``train/max_memory_gib``) and the share of wall time the loop waited for the
-  loader (``train/data_wait_share``).
+* peak GPU memory (``train/max_memory_gib``) beside what ``plan`` expects a rank to hold, and the share
+  of wall time the loop waited for the loader (``train/data_wait_share``).
 
 Then ``benchmarks/distill_step.py`` times this project's bare step and the naive reference step
 (``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.distill_step import profile_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
-from trainer.commands.plan import activation_gib, step_flops_per_token
+from trainer.commands.plan import build_plan
 from trainer.config import TrainConfig
-from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.modeling import load_teacher_config
 
 REPO = Path(__file__).resolve().parents[2]
 H100_BF16_DENSE = 989e12  # FLOP/s, the datasheet figure the issue measures MFU against
@@ -134,14 +134,16 @@ def case_overrides(case: Case, teacher: Path, data: Path, out: Path) -> list[str
 
 
 def planned(case: Case, overrides: list[str]) -> dict[str, float]:
-    """What ``plan`` computes for the case: model FLOPs per token, and the GiB one micro-batch saves for
-    backward (to set beside the measured peak, which adds weights, gradients, optimizer states, buffers)."""
+    """What ``plan`` computes for the case on one rank: model FLOPs per token, the GiB one micro-batch saves for
+    backward, and the GiB the rank should hold at its peak (weights, optimizer states, buckets, activations),
+    to set beside the measured peak."""
     cfg = load_config(TrainConfig, str(REPO / "configs" / f"{case.preset}.yaml"), overrides)
-    teacher = load_teacher_config(cfg.teacher)
-    student = student_config(cfg.student, base_config(cfg.student, teacher))
-    flops = step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, case.seq)
-    activations = activation_gib(cfg, teacher, student, case.seq)
-    return {"flops_per_token": flops["total"], "planned_activation_gib": activations}
+    sized = build_plan(cfg, world_size=1, seq_len=case.seq)
+    return {
+        "flops_per_token": sized["flops_per_token"]["total"],
+        "planned_activation_gib": sized["activation_gib"],
+        "planned_gib": sized["memory_gib"]["total"],
+    }
 
 
 def summarize(out: Path) -> dict[str, Any]:
@@ -219,8 +221,11 @@ def loss_comparison(quick: bool) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
     if report["cases"]:
-        header = "| case | seq | micro | global | tokens/s | MFU | peak GiB | planned act. GiB | data wait | rc |"
-        lines += ["", header, "|---" * 10 + "|"]
+        header = (
+            "| case | seq | micro | global | tokens/s | MFU | peak GiB | planned GiB | planned act. GiB | data wait "
+        )
+        header += "| rc |"
+        lines += ["", header, "|---" * 11 + "|"]
     for r in report["cases"]:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
@@ -228,8 +233,10 @@ def markdown(report: dict[str, Any]) -> str:
         wait = f"{r['data_wait_share']:.1%}" if r.get("data_wait_share") is not None else "-"
         gb = r["global_batch"] or r["micro"]
         act = f"{r['planned_activation_gib']:.2f}" if r.get("planned_activation_gib") is not None else "-"
+        total = f"{r['planned_gib']:.1f}" if r.get("planned_gib") is not None else "-"
         lines.append(
-            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {act} | {wait} | {r['rc']} |"
+            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {total} | {act} | {wait} "
+            f"| {r['rc']} |"
         )
     if report["steps"]:
         lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---" * 5 + "|"]

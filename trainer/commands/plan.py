@@ -21,14 +21,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import yaml
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from transformers import PretrainedConfig, PreTrainedModel
 
 from common.cli import split_config_args
@@ -53,6 +55,7 @@ from trainer.objective.distiller import (
 )
 from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
+from trainer.runtime.engine import deepspeed_config
 
 
 # --------------------------------------------------------------------- parameter and FLOP arithmetic
@@ -210,28 +213,98 @@ def saved_activation_bytes(distiller: Distiller, batch: MaskedBatch) -> int:
     return sum(t.numel() * t.element_size() for t in saved.values())
 
 
-def activation_gib(
-    cfg: TrainConfig, teacher_config: PretrainedConfig | None, s_config: PretrainedConfig, seq_len: int
-) -> float:
-    """GiB saved for backward by one micro-batch of packed sequences, in ``deepspeed.precision``, counted on
-    the meta device through the real Distiller, with flash attention's saves (:func:`flash_attention_saves`).
-
-    Only the activations: the weights, gradients and optimizer states (their share depends on the ZeRO
-    stage), DeepSpeed's communication buckets and the allocator's slack come on top, and a padded batch
-    (which takes the memory-efficient kernel and an attention mask) keeps a little more.
-    """
+def meta_distiller(
+    cfg: TrainConfig, teacher_config: PretrainedConfig | None, s_config: PretrainedConfig
+) -> tuple[Distiller, PreTrainedModel | None]:
+    """The run's Distiller and teacher on the meta device, in ``deepspeed.precision`` as the engine holds them."""
     dtype = training_dtype(cfg.deepspeed.precision)
     teacher = None if teacher_config is None else build_on_meta(teacher_config).to(dtype).eval()
     student = build_on_meta(s_config).to(dtype).train()
     with torch.device("meta"):
-        distiller = Distiller(student, teacher, cfg.objective).to(dtype)
-        budget = max_masked(cfg.masking.probability, seq_len)
-        ids = torch.zeros(cfg.micro_batch_size, seq_len, dtype=torch.long)
-        index = torch.zeros(cfg.micro_batch_size, budget, dtype=torch.long)
+        return Distiller(student, teacher, cfg.objective).to(dtype), teacher
+
+
+def activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probability: float, seq_len: int) -> int:
+    """Bytes saved for backward by one micro-batch of packed sequences, counted on the meta device through
+    the real Distiller, with flash attention's saves (:func:`flash_attention_saves`).
+
+    Only the activations: :func:`memory_per_rank` adds the weights, optimizer states and DeepSpeed's
+    buffers; a padded batch (which takes the memory-efficient kernel and an attention mask) keeps a little more.
+    """
+    budget = max_masked(mask_probability, seq_len)
+    with torch.device("meta"):
+        ids = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
+        index = torch.zeros(micro_batch_size, budget, dtype=torch.long)
         positions = Positions(index=index, valid=torch.ones_like(index, dtype=torch.bool))
         batch = MaskedBatch(ids, ids, positions, index)
     with flash_attention_saves():
-        return saved_activation_bytes(distiller, batch) / 2**30
+        return saved_activation_bytes(distiller, batch)
+
+
+def activation_gib(
+    cfg: TrainConfig, teacher_config: PretrainedConfig | None, s_config: PretrainedConfig, seq_len: int
+) -> float:
+    """GiB saved for backward by one micro-batch of the run (:func:`activation_bytes`)."""
+    distiller, _ = meta_distiller(cfg, teacher_config, s_config)
+    return activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len) / 2**30
+
+
+# ----------------------------------------------------------------------- what each rank holds, by part
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def memory_per_rank(
+    distiller: Distiller, teacher: PreTrainedModel | None, ds: dict[str, Any], world_size: int, activations: int
+) -> dict[str, int]:
+    """Bytes one rank's accelerator holds, by part, as DeepSpeed (0.19) lays out the engine for ``ds``.
+
+    ``distiller`` and ``teacher`` in the training dtype (:func:`meta_distiller`); Ψ is the engine's trainable
+    parameter count (student + learned projections), b the training dtype's bytes, N the world size:
+
+    * ``teacher``: its full weights on every rank, never partitioned (``trainer.objective.distiller``);
+    * ``student_weights``: b·Ψ; ZeRO-3 keeps b·Ψ/N, plus whole copies of the parameters under
+      ``stage3_param_persistence_threshold`` elements (not worth gathering);
+    * ``optimizer_states``: 12·Ψ/N, a float32 master copy and AdamW's two moments, partitioned by
+      every ZeRO stage; 0 here with ``offload_optimizer`` (they live in CPU memory);
+    * ``gradients``: ZeRO-3's b·Ψ/N gradient partition, held for the whole run; ZeRO-1 and -2 reduce
+      gradients as they are produced and are not counted (see below);
+    * ``buckets``: with ``contiguous_gradients`` (DeepSpeed's default), the staging buffers of the
+      gradient reduction, ``reduce_bucket_size`` elements of b bytes each: ZeRO-1 and -2 allocate one
+      (two with ``overlap_comm``) for each backward (ZeRO-1 keeps it between the micro-steps of an
+      accumulation), ZeRO-3 one for the whole run. Not the model's size: a bucket of 5e8 elements is a
+      GB whatever the student;
+    * ``activations``: what one micro-batch saves for backward (:func:`activation_bytes`).
+
+    ``total`` is their sum, what the peak reaches at the end of a forward. Not counted: the 16-bit
+    gradients of ZeRO-1 and -2 in flight between buckets and their float32 partition during the
+    optimizer step (at most 4·Ψ/N, when the activations are gone), ZeRO-3's gathered layers, and the
+    allocator's slack. ``tests/trainer/test_plan.py`` checks the held parts against the tensors a real
+    engine on two CPU ranks keeps, stage by stage.
+    """
+    zero = DeepSpeedZeroConfig(**ds.get("zero_optimization", {}))
+    params = [p for p in distiller.parameters() if p.requires_grad]
+    trainable = sum(p.numel() for p in params)
+    b = params[0].element_size()
+    per_rank = math.ceil(trainable / world_size)
+    if zero.stage == 3:
+        persistent = sum(p.numel() for p in params if p.numel() < zero.param_persistence_threshold)
+        student_weights, gradients = b * (per_rank + persistent), b * per_rank
+    else:
+        student_weights, gradients = b * trainable, 0
+    offloaded = zero.offload_optimizer is not None and zero.offload_optimizer.device != "none"
+    buffers = 0
+    if zero.contiguous_gradients:
+        buffers = 2 if zero.overlap_comm and zero.stage < 3 else 1
+    parts = {
+        "teacher": 0 if teacher is None else nbytes([*teacher.parameters(), *teacher.buffers()]),
+        "student_weights": student_weights + nbytes(distiller.buffers()),
+        "optimizer_states": 0 if offloaded else 12 * per_rank,
+        "gradients": gradients,
+        "buckets": b * zero.reduce_bucket_size * buffers,
+        "activations": activations,
+    }
+    return {**parts, "total": sum(parts.values())}
 
 
 # ----------------------------------------------------------------------------------------- the plan
@@ -275,6 +348,9 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
     with torch.device("meta"):
         layers = LayerDistillation(cfg.objective, teacher_config, s_config)
     flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
+    distiller, meta_teacher = meta_distiller(cfg, teacher_config, s_config)
+    activations = activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len)
+    memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, activations)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
         "config": to_dict(cfg),
@@ -301,7 +377,8 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         },
         "flops_per_token": flops,
         # per rank and micro-batch; gradient accumulation adds none (one micro-batch is alive at a time)
-        "activation_gib": activation_gib(cfg, teacher_config, s_config, seq_len),
+        "activation_gib": activations / 2**30,
+        "memory_gib": {part: n / 2**30 for part, n in memory.items()},
         "flops_per_step": flops["total"] * tokens_per_step,
         "flops_total": flops["total"] * tokens_per_step * cfg.max_steps,
         "data": {"path": cfg.data, "found": manifest is not None},
@@ -343,7 +420,7 @@ def render(plan: dict[str, Any]) -> str:
         terms = ", ".join(f"{weight:g}·{name}" for name, weight in layers["weights"].items())
         lines.append(f"layer terms: {terms}; maps (student layer, teacher layer): {layers['maps']}")
         lines.append(f"  learned projections: {layers['projection_params']:,} params (trained, not exported)")
-    b = plan["batch"]
+    b, memory = plan["batch"], plan["memory_gib"]
     lines += [
         f"batch: micro {b['micro_batch_size']} x accumulation {b['gradient_accumulation_steps']} x world size "
         f"{b['world_size']} = global {b['global_batch_size']} sequences of {b['seq_len']} tokens "
@@ -354,8 +431,11 @@ def render(plan: dict[str, Any]) -> str:
         f"FLOPs per step: {plan['flops_per_step']:.3e}; whole run ({plan['config']['max_steps']} steps): "
         f"{plan['flops_total']:.3e}",
         f"activations saved for backward: {plan['activation_gib']:.2f} GiB per rank (one micro-batch of "
-        f"{b['micro_batch_size']} x {b['seq_len']}, flash attention; weights, gradients, optimizer states and "
-        "DeepSpeed's buffers come on top)",
+        f"{b['micro_batch_size']} x {b['seq_len']}, flash attention)",
+        f"memory per rank: {memory['total']:.2f} GiB = "
+        + " + ".join(f"{part.replace('_', ' ')} {gib:.2f}" for part, gib in memory.items() if part != "total")
+        + f" ({plan['config']['deepspeed']['config']}, {b['world_size']} rank(s); not counted: gradients in flight, "
+        "the allocator's slack)",
     ]
     data = plan["data"]
     if data["found"]:

@@ -1,0 +1,90 @@
+"""What a real DeepSpeed engine keeps on a rank, counted tensor by tensor; run by the ``deepspeed`` launcher.
+
+``deepspeed --num_gpus 2 tests/trainer/engine_memory.py OUT.json CONFIG.yaml [key=value ...]`` builds the
+engine as ``trainer train`` does (the trainer's own config, model and engine code), trains three steps
+on random batches of 64 tokens and writes, from rank 0, the bytes of every distinct tensor storage that
+Python objects reference on the CPU:
+
+* ``held``: after the last optimizer step, the state the engine keeps between steps;
+* ``in_backward``: during the last backward, when the word embedding's gradient (the last one
+  backward produces) arrives: what the gradient reduction adds on top of ``held``;
+* ``word_embedding_grad``: that gradient's own bytes, part of ``in_backward``.
+
+Saved activations live in autograd's C++ graph and are not counted (``plan`` counts them on the meta
+device). Used by ``tests/trainer/test_plan.py`` to check ``plan``'s memory parts against DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from common.cli import split_config_args
+from common.config import load_config
+from trainer.config import TrainConfig
+from trainer.modeling import build_student, load_teacher, training_dtype
+from trainer.objective.distiller import Distiller
+from trainer.objective.masking import MaskedBatch, Positions, max_masked
+from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
+
+SEQ_LEN = 64
+
+
+def storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage reachable from Python objects (views counted once)."""
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def random_batch(micro_batch_size: int, mask_probability: float) -> MaskedBatch:
+    ids = torch.randint(1000, 2000, (micro_batch_size, SEQ_LEN))
+    budget = max_masked(mask_probability, SEQ_LEN)
+    index = torch.stack([torch.randperm(SEQ_LEN)[:budget] for _ in range(micro_batch_size)])
+    return MaskedBatch(ids, ids, Positions(index=index, valid=torch.ones_like(index, dtype=torch.bool)), index)
+
+
+def main(argv: list[str]) -> None:
+    args = [a for a in argv if not a.startswith("--local_rank")]  # the launcher's argument
+    out, (path, overrides) = Path(args[0]), split_config_args(args[1:])
+    cfg = load_config(TrainConfig, path, overrides)
+    world = init_distributed()
+    torch.manual_seed(cfg.seed)
+    teacher = load_teacher(cfg.teacher, torch.float32)
+    student = build_student(cfg.student, teacher)
+    teacher.to(dtype=training_dtype(cfg.deepspeed.precision))
+    distiller = Distiller(student, teacher, cfg.objective)
+    engine = build_engine(distiller, cfg, deepspeed_config(cfg, world.world_size), world.device)
+
+    counted: dict[str, int] = {}
+
+    def during_backward(grad: torch.Tensor) -> torch.Tensor:
+        counted["in_backward"] = storage_bytes()
+        counted["word_embedding_grad"] = grad.numel() * grad.element_size()
+        return grad
+
+    steps = 3 * engine.gradient_accumulation_steps()
+    for micro in range(steps):
+        loss = engine(batch=random_batch(cfg.micro_batch_size, cfg.masking.probability), attention_mask=None)["loss"]
+        last = micro == steps - 1
+        hook = student.base_model.embeddings.word_embeddings.weight.register_hook(during_backward) if last else None
+        engine.backward(loss)
+        if hook is not None:
+            hook.remove()
+        del loss
+        engine.step()
+    gc.collect()
+    counted["held"] = storage_bytes()
+    if world.is_main:
+        out.write_text(json.dumps(counted), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
