@@ -194,6 +194,10 @@ def flash_attention_saves() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def saved_activation_bytes(distiller: Distiller, batch: MaskedBatch) -> int:
     """Bytes autograd keeps for the backward of one training forward (weights excluded), counted as it saves
     them: each tensor once, a view as its base. With meta tensors this costs no memory and no compute."""
@@ -210,7 +214,7 @@ def saved_activation_bytes(distiller: Distiller, batch: MaskedBatch) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
         distiller(batch, None)
-    return sum(t.numel() * t.element_size() for t in saved.values())
+    return nbytes(saved.values())
 
 
 def meta_distiller(
@@ -250,10 +254,6 @@ def activation_gib(
 
 
 # ----------------------------------------------------------------------- what each rank holds, by part
-def nbytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def memory_per_rank(
     distiller: Distiller, teacher: PreTrainedModel | None, ds: dict[str, Any], world_size: int, activations: int
 ) -> dict[str, int]:
@@ -267,8 +267,8 @@ def memory_per_rank(
       ``stage3_param_persistence_threshold`` elements (not worth gathering);
     * ``optimizer_states``: 12·Ψ/N, a float32 master copy and AdamW's two moments, partitioned by
       every ZeRO stage; 0 here with ``offload_optimizer`` (they live in CPU memory);
-    * ``gradients``: ZeRO-3's b·Ψ/N gradient partition, held for the whole run; ZeRO-1 and -2 reduce
-      gradients as they are produced and are not counted (see below);
+    * ``gradient_partition``: ZeRO-3's b·Ψ/N, held for the whole run; 0 for ZeRO-1 and -2, which reduce
+      gradients as backward produces them (see below);
     * ``buckets``: with ``contiguous_gradients`` (DeepSpeed's default), the staging buffers of the
       gradient reduction, ``reduce_bucket_size`` elements of b bytes each: ZeRO-1 and -2 allocate one
       (two with ``overlap_comm``) for each backward (ZeRO-1 keeps it between the micro-steps of an
@@ -277,10 +277,10 @@ def memory_per_rank(
     * ``activations``: what one micro-batch saves for backward (:func:`activation_bytes`).
 
     ``total`` is their sum, what the peak reaches at the end of a forward. Not counted: the 16-bit
-    gradients of ZeRO-1 and -2 in flight between buckets and their float32 partition during the
-    optimizer step (at most 4·Ψ/N, when the activations are gone), ZeRO-3's gathered layers, and the
-    allocator's slack. ``tests/trainer/test_plan.py`` checks the held parts against the tensors a real
-    engine on two CPU ranks keeps, stage by stage.
+    gradients of ZeRO-1 and -2 outside the buckets (up to about b·Ψ between the micro-steps of an
+    accumulation), their float32 partition during the optimizer step (4·Ψ/N, after the activations are
+    freed), ZeRO-3's gathered layers, and the allocator's slack. ``tests/trainer/test_plan.py`` checks the
+    held parts against the tensors a real engine on two CPU ranks keeps, stage by stage.
     """
     zero = DeepSpeedZeroConfig(**ds.get("zero_optimization", {}))
     params = [p for p in distiller.parameters() if p.requires_grad]
@@ -289,9 +289,9 @@ def memory_per_rank(
     per_rank = math.ceil(trainable / world_size)
     if zero.stage == 3:
         persistent = sum(p.numel() for p in params if p.numel() < zero.param_persistence_threshold)
-        student_weights, gradients = b * (per_rank + persistent), b * per_rank
+        student_weights, gradient_partition = b * (per_rank + persistent), b * per_rank
     else:
-        student_weights, gradients = b * trainable, 0
+        student_weights, gradient_partition = b * trainable, 0
     offloaded = zero.offload_optimizer is not None and zero.offload_optimizer.device != "none"
     buffers = 0
     if zero.contiguous_gradients:
@@ -300,7 +300,7 @@ def memory_per_rank(
         "teacher": 0 if teacher is None else nbytes([*teacher.parameters(), *teacher.buffers()]),
         "student_weights": student_weights + nbytes(distiller.buffers()),
         "optimizer_states": 0 if offloaded else 12 * per_rank,
-        "gradients": gradients,
+        "gradient_partition": gradient_partition,
         "buckets": b * zero.reduce_bucket_size * buffers,
         "activations": activations,
     }
@@ -434,8 +434,8 @@ def render(plan: dict[str, Any]) -> str:
         f"{b['micro_batch_size']} x {b['seq_len']}, flash attention)",
         f"memory per rank: {memory['total']:.2f} GiB = "
         + " + ".join(f"{part.replace('_', ' ')} {gib:.2f}" for part, gib in memory.items() if part != "total")
-        + f" ({plan['config']['deepspeed']['config']}, {b['world_size']} rank(s); not counted: gradients in flight, "
-        "the allocator's slack)",
+        + f" ({plan['config']['deepspeed']['config']}, {b['world_size']} rank(s); not counted: gradients outside "
+        "the buckets, the allocator's slack)",
     ]
     data = plan["data"]
     if data["found"]:
