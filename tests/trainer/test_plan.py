@@ -146,7 +146,8 @@ def test_activation_count_on_meta_equals_what_a_real_step_saves(tiny_teacher_dir
     teacher_config.attention_probs_dropout_prob = 0.0
     s_config = student_config(cfg.student, base_config(cfg.student, teacher_config))
     seq = 96
-    counted = plan.activation_gib(cfg, teacher_config, s_config, seq) * 2**30
+    meta, _ = plan.meta_distiller(cfg, teacher_config, s_config)
+    counted = plan.activation_bytes(meta, cfg.micro_batch_size, cfg.masking.probability, seq)
 
     torch.manual_seed(0)
     teacher = model_from_config(teacher_config).to(torch.bfloat16).eval()

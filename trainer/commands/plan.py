@@ -53,7 +53,7 @@ from trainer.objective.distiller import (
     active_weights,
     validate_against_teacher,
 )
-from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
+from trainer.objective.layer_distillation import layer_term_weights
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
 from trainer.runtime.engine import deepspeed_config
 
@@ -245,14 +245,6 @@ def activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probabili
         return saved_activation_bytes(distiller, batch)
 
 
-def activation_gib(
-    cfg: TrainConfig, teacher_config: PretrainedConfig | None, s_config: PretrainedConfig, seq_len: int
-) -> float:
-    """GiB saved for backward by one micro-batch of the run (:func:`activation_bytes`)."""
-    distiller, _ = meta_distiller(cfg, teacher_config, s_config)
-    return activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len) / 2**30
-
-
 # ----------------------------------------------------------------------- what each rank holds, by part
 def memory_per_rank(
     distiller: Distiller, teacher: PreTrainedModel | None, ds: dict[str, Any], world_size: int, activations: int
@@ -343,12 +335,12 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         seq_len = min(512, reader_config.max_position_embeddings)
         seq_source = f"{reader} maximum (no dataset yet)"
 
-    teacher = None if teacher_config is None else describe(teacher_config, build_on_meta(teacher_config))
-    student = describe(s_config, build_on_meta(s_config))
-    with torch.device("meta"):
-        layers = LayerDistillation(cfg.objective, teacher_config, s_config)
-    flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
+    # One set of meta models for everything below: the descriptions, the layer terms, the memory.
     distiller, meta_teacher = meta_distiller(cfg, teacher_config, s_config)
+    teacher = None if meta_teacher is None else describe(teacher_config, meta_teacher)
+    student = describe(s_config, distiller.student)
+    layers = distiller.layer_distillation
+    flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
     activations = activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len)
     memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, activations)
     tokens_per_step = cfg.global_batch_size * seq_len
