@@ -22,7 +22,7 @@ import pytest
 from helpers import ABSENT_ON_GPU_MACHINE, REPO, block_imports
 
 BERT_STUDENTS = ["bert-a", "bert-b", "bert-c", "bert-d", "bert-e"]
-MINILM_STUDENTS = ["minilm-c", "minilm-d", "minilm-e"]
+MINILM_STUDENTS = ["minilm-c", "minilm-d", "minilm-e", "minilm-f"]
 
 
 @pytest.mark.integration
@@ -95,16 +95,17 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
-        trained = name != "minilm"  # the pretrained MiniLM is the only model not trained here
-        assert (row["tokens"] is not None and row["tokens"] > 0) is trained, name
-        assert (row["command"] is not None and "launch/run.sh" in row["command"]) is trained, name
+        made = name != "minilm"  # the pretrained MiniLM is the only model not made here
+        assert (row["tokens"] is not None and row["tokens"] > 0) is (made and name != "minilm-f"), name
+        assert (row["command"] is not None and "launch/run.sh" in row["command"]) is made, name
         headless = name == "minilm"  # no masked-LM head: no masked-LM figures
         assert (row["mlm_accuracy"] is None) is headless and (row["perplexity"] is None) is headless, name
         # Agreement needs a teacher with a head: the BERT teacher's students have it, MiniLM's cannot.
         assert (row["top1_agreement"] is not None) is (name in BERT_STUDENTS), name
     assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
-    # Equal tokens: every student of both teachers saw the same number.
-    assert len({rows[name]["tokens"] for name in BERT_STUDENTS + MINILM_STUDENTS}) == 1
+    # Equal tokens: every trained student of both teachers saw the same number; (f) is (c)'s start, untrained.
+    assert len({rows[name]["tokens"] for name in BERT_STUDENTS + MINILM_STUDENTS[:-1]}) == 1
+    assert rows["minilm-f"]["tokens"] == 0 and "max_steps=0" in rows["minilm-f"]["command"]
     assert "objective.cos=0" in rows["bert-b"]["command"] and "objective.ce=0" in rows["bert-c"]["command"]
     assert "student.init=random" in rows["bert-d"]["command"] and "teacher=null" in rows["bert-e"]["command"]
 

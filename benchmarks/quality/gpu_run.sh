@@ -3,9 +3,10 @@
 #   bash benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all
 # Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each part is
 # self-contained: `bert` pretrains the teacher, distils (a)-(e) from it and scores them; `minilm` distils
-# (c), (d), (e) from all-MiniLM-L6-v2 and scores them. Neither needs the other's output, so a machine that
-# went cold between two calls loses nothing (the pretrained teacher, 35M parameters, is too big to bring
-# back and carry again). `all` runs both, for a machine without the 10-minute limit.
+# (c), (d), (e) from all-MiniLM-L6-v2, writes (f) (its layers as (c) starts, untrained) and scores them.
+# Neither needs the other's output, so a machine that went cold between two calls loses nothing (the
+# pretrained teacher, 35M parameters, is too big to bring back and carry again). `all` runs both, for a
+# machine without the 10-minute limit.
 #
 # On the device, under runs/gpu-ablation/ (git-ignored: kept while the machine stays warm; the carried
 # folder itself is replaced by every call), once each, then skipped:

@@ -198,6 +198,26 @@ def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path)
     assert any(not torch.equal(final[k], v) for k, v in earlier.state_dict().items() if k in final)
 
 
+def test_zero_steps_export_the_student_as_a_run_starts_it(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
+) -> None:
+    """``max_steps=0`` through the real launcher on two ranks: the student a run with this config starts
+    from (the baseline a distilled student has to beat), exported where a run exports, and nothing else."""
+    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", "max_steps=0")
+    check_student(out / "student")
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+    untrained = load_file(out / "student" / "model.safetensors")
+    teacher = load_file(tiny_teacher_dir / "model.safetensors")
+    teacher_layer = [0, 3]  # DistilBERT's map for 4 -> 2 layers: the first and the last
+    for key, value in untrained.items():  # copied exactly, the embeddings and the MLM head too
+        layer = re.fullmatch(r"bert\.encoder\.layer\.(\d+)\.(.+)", key)
+        source = f"bert.encoder.layer.{teacher_layer[int(layer[1])]}.{layer[2]}" if layer else key
+        expected = teacher[source][:1] if key.endswith("token_type_embeddings.weight") else teacher[source]
+        assert torch.equal(value, expected), key
+    # The same tensors a trained run exports: the baseline fine-tunes like any student.
+    assert untrained.keys() == load_file(reference_run / "student" / "model.safetensors").keys()
+
+
 def test_a_compiled_run_trains_like_the_reference_and_exports_a_plain_student(
     reference_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
 ) -> None:
@@ -407,7 +427,7 @@ def test_run_sh_also_runs_under_bash() -> None:
     bash, the script re-executes itself with Python and hands the arguments on intact."""
     env = {**os.environ, "PYTHON": sys.executable, "DS_ACCELERATOR": "cpu"}
     proc = subprocess.run(
-        ["bash", "launch/run.sh", "configs/tiny-cpu.yaml", "max_steps=0"],
+        ["bash", "launch/run.sh", "configs/tiny-cpu.yaml", "max_steps=-1"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -415,7 +435,7 @@ def test_run_sh_also_runs_under_bash() -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "error: max_steps: must be >= 1" in proc.stderr
+    assert "error: max_steps: must be >= 0" in proc.stderr
 
 
 def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:

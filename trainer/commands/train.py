@@ -8,7 +8,9 @@ checkpoint every so many steps; finally export the student as a Hugging Face mod
 loss or gradient norm is not finite stops the run before anything is saved (``runtime.guard``).
 
 A config with ``teacher: null`` runs the same loop as masked-LM pretraining: no teacher is loaded,
-the student comes from ``student.model`` and L_mlm is its only loss (``trainer.config``).
+the student comes from ``student.model`` and L_mlm is its only loss (``trainer.config``). With
+``max_steps: 0`` the run stops once the student is built and writes it untrained
+(:func:`export_untrained`).
 
 Nothing in a step reads a device value on the host: losses stay on the device until a log
 step, masks are drawn on the device, and batches arrive in pinned memory.
@@ -29,7 +31,7 @@ from common.atomic import atomic_directory
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
-from trainer.commands.export import export
+from trainer.commands.export import export, save_student
 from trainer.commands.run_record import training_run_spec
 from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
@@ -93,6 +95,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32)
     student = build_student(cfg.student, teacher)
+    if cfg.max_steps == 0:
+        return export_untrained(student, tokenizer, output_dir, world.is_main)
     if teacher is not None:
         teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
@@ -185,6 +189,21 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     tracker.finish({})
     if world.is_main:
         register_or_explain(student_dir, cfg.mlflow, tracker)  # if mlflow.register_as
+    return student_dir
+
+
+def export_untrained(student: Any, tokenizer: Any, output_dir: Path, is_main: bool) -> Path:
+    """``max_steps: 0``: the student exactly as a run with this config would start training it (teacher
+    layers copied for ``from_teacher``, with a fresh MLM head where the teacher has none), written where
+    a run writes its export, with no engine, checkpoint or MLflow run.
+
+    It is the baseline a distillation has to beat: fine-tuned beside the distilled student, it shows
+    what the training added over the initialisation (docs/quality.md measures it for MiniLM's layers).
+    """
+    student_dir = output_dir / "student"
+    if is_main:
+        save_student(student, tokenizer, student_dir)
+        log.info("max_steps is 0: wrote the untrained student to %s", student_dir)
     return student_dir
 
 
