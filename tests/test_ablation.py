@@ -102,6 +102,10 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert (row["mlm_accuracy"] is None) is headless and (row["perplexity"] is None) is headless, name
         # Agreement needs a teacher with a head: the BERT teacher's students have it, MiniLM's cannot.
         assert (row["top1_agreement"] is not None) is (name in BERT_STUDENTS), name
+        # The hidden-state cosines need only a teacher of the same width: every student of both has one.
+        student = row["role"] == "student"
+        assert (row["hidden_cosine"] is not None) is student and (row["centred_cosine"] is not None) is student, name
+        assert not student or (-1 <= row["centred_cosine"] <= 1 and -1 <= row["hidden_cosine"] <= 1), name
     assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
     # Equal tokens: every trained student of both teachers saw the same number; (f) is (c)'s start, untrained.
     assert len({rows[name]["tokens"] for name in BERT_STUDENTS + MINILM_STUDENTS[:-1]}) == 1
@@ -111,7 +115,17 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
 
     table = (out / "ablation.md").read_text()
     header = table.splitlines()[0]
-    for column in ("params (M)", "tokens (M)", "train s", "MLM acc", "ppl", "top-1 agr.", "suite avg", "share"):
+    for column in (
+        "params (M)",
+        "tokens (M)",
+        "train s",
+        "MLM acc",
+        "ppl",
+        "top-1 agr.",
+        "cos. to teacher",
+        "suite avg",
+        "share",
+    ):
         assert column in header
     for name in rows:
         assert f"| {name}: " in table

@@ -71,7 +71,12 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         suite = json.loads((out / f"suite-{family}.json").read_text())
         mlm_by_model = {m["model"]: m for m in mlm["models"]}
         if mlm["teacher"] is not None:
-            mlm_by_model[mlm["teacher"]["model"]] = {**mlm["teacher"], "top1_agreement": None}
+            mlm_by_model[mlm["teacher"]["model"]] = {
+                **mlm["teacher"],
+                "top1_agreement": None,
+                "hidden_cosine": None,
+                "centred_cosine": None,
+            }
         for index, entry in enumerate(suite["models"]):
             model = Path(entry["model"])
             is_teacher = index == 0
@@ -97,6 +102,8 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
                     "mlm_accuracy": figures.get("mlm_accuracy"),
                     "perplexity": figures.get("perplexity"),
                     "top1_agreement": figures.get("top1_agreement"),
+                    "hidden_cosine": figures.get("hidden_cosine"),
+                    "centred_cosine": figures.get("centred_cosine"),
                     "suite": {task: scores["mean"] for task, scores in entry["tasks"].items()},
                     "suite_average": entry["average"],
                     "suite_share": entry["share"],
@@ -147,6 +154,13 @@ def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def cosines(row: dict[str, Any]) -> str:
+    """The hidden-state cosine with the teacher, and the centred one in brackets (evaluate-mlm)."""
+    if row["hidden_cosine"] is None:
+        return "n/a"
+    return f"{row['hidden_cosine']:.3f} ({row['centred_cosine']:.3f})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     tasks = list(report["suite_tasks"])
     header = [
@@ -158,6 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
         "MLM acc",
         "ppl",
         "top-1 agr.",
+        "cos. to teacher (centred)",
         *tasks,
         "suite avg",
         "share of teacher",
@@ -173,6 +188,7 @@ def markdown(report: dict[str, Any]) -> str:
             fmt(row["mlm_accuracy"], ".3f"),
             fmt(row["perplexity"], ".1f"),
             fmt(row["top1_agreement"], ".3f"),
+            cosines(row),
             *(f"{row['suite'][t]:.3f}" for t in tasks),
             f"{row['suite_average']:.3f}",
             f"{row['suite_share']:.1%}",

@@ -131,6 +131,17 @@ def test_evaluate_sums_match_dense_metrics(student, teacher, batch) -> None:
     assert metrics["student_mlm_accuracy"] == (s_logits.argmax(-1) == labels[chosen]).sum().item() / n
     assert metrics["teacher_mlm_accuracy"] == (t_logits.argmax(-1) == labels[chosen]).sum().item() / n
     assert metrics["top1_agreement"] == (s_logits.argmax(-1) == t_logits.argmax(-1)).sum().item() / n
+    # The hidden-state cosines over the real tokens (the padded tail of sequence 2 left out), plain and
+    # with each model's mean over those tokens removed: the obvious way, from [tokens, width] rows.
+    real = attention_mask.bool()
+    s_rows, t_rows = (
+        m(input_ids=masked, attention_mask=attention_mask, output_hidden_states=True).hidden_states[-1][real]
+        for m in (student, teacher)
+    )
+    assert sums["real_tokens"] == real.sum().item() < real.numel()
+    assert metrics["hidden_cosine"] == pytest.approx(F.cosine_similarity(s_rows, t_rows, dim=-1).mean().item())
+    centred = F.cosine_similarity(s_rows - s_rows.mean(0), t_rows - t_rows.mean(0), dim=-1).mean().item()
+    assert metrics["centred_cosine"] == pytest.approx(centred, abs=1e-6)
 
 
 def test_a_full_copy_of_the_teacher_agrees_with_it(teacher, batch) -> None:
@@ -139,6 +150,7 @@ def test_a_full_copy_of_the_teacher_agrees_with_it(teacher, batch) -> None:
     metrics = eval_metrics({k: v.item() for k, v in sums.items()})
     assert metrics["top1_agreement"] == 1.0
     assert metrics["student_mlm_loss"] == pytest.approx(metrics["teacher_mlm_loss"], rel=1e-5)
+    assert metrics["hidden_cosine"] == pytest.approx(1.0) and metrics["centred_cosine"] == pytest.approx(1.0)
 
 
 def test_teacher_without_mlm_head_trains_with_mlm_and_cos(bert_tokenizer_dir: Path, batch) -> None:
@@ -148,7 +160,10 @@ def test_teacher_without_mlm_head_trains_with_mlm_and_cos(bert_tokenizer_dir: Pa
     out = distiller(*batch)
     assert set(out) == {"loss", "mlm", "cos"} and torch.isfinite(out["loss"])
     out["loss"].backward()
-    assert "teacher_mlm_loss" not in eval_metrics({k: v.item() for k, v in distiller.evaluate(*batch).items()})
+    # Evaluated against it: no predictions to agree with, but its hidden states to compare with.
+    metrics = eval_metrics({k: v.item() for k, v in distiller.evaluate(*batch).items()})
+    assert "top1_agreement" not in metrics and "teacher_mlm_loss" not in metrics
+    assert -1 <= metrics["centred_cosine"] <= 1 and -1 <= metrics["hidden_cosine"] <= 1
 
 
 def train_config(teacher: str, **overrides: object) -> TrainConfig:

@@ -97,12 +97,17 @@ def test_a_model_agrees_with_itself_and_a_headless_teacher_gives_no_agreement(
     report = json.loads(out.read_text())
     [entry] = report["models"]
     assert entry["top1_agreement"] == 1.0 and entry["mlm_loss"] == pytest.approx(report["teacher"]["mlm_loss"])
-    assert "top-1 agreement with the teacher 1.0000" in capsys.readouterr().out
+    assert entry["hidden_cosine"] == pytest.approx(1.0) and entry["centred_cosine"] == pytest.approx(1.0)
+    printed = capsys.readouterr().out
+    assert "top-1 agreement with the teacher 1.0000" in printed
+    assert "hidden-state cosine with the teacher 1.0000 (centred 1.0000)" in printed
 
     headless = evaluate_mlm(
         config(*args[1:], f"models={json.dumps([str(tiny_teacher_dir)])}", f"teacher={bert_tokenizer_dir}")
     )  # all-MiniLM-L6-v2: no MLM head
     assert headless["teacher"] is None and headless["models"][0]["top1_agreement"] is None
+    # MiniLM is 384 wide, the tiny model 64: no hidden states to compare either.
+    assert headless["models"][0]["hidden_cosine"] is None and headless["models"][0]["centred_cosine"] is None
 
 
 def test_bad_input_names_the_key(tiny_dataset_dir: Path, bert_tokenizer_dir: Path) -> None:

@@ -129,6 +129,8 @@ def check_finished_run(output_dir: Path) -> None:
     assert [r["step"] for r in evals] == [10, 20]
     assert "eval/teacher_mlm_loss" in evals[0] and "eval/top1_agreement" in evals[1]
     assert 0 <= evals[1]["eval/student_mlm_accuracy"] <= 1
+    # The student's last hidden states against the teacher's, summed over both ranks' batches.
+    assert all(-1 <= r["eval/hidden_cosine"] <= 1 and -1 <= r["eval/centred_cosine"] <= 1 for r in evals)
 
     # keep_last=2 of the checkpoints at steps 5, 10, 15, 20
     checkpoints = sorted(p.name for p in (output_dir / "checkpoints").iterdir() if p.is_dir())

@@ -8,7 +8,13 @@ uniform 15 %) from ``seed``, exactly as a training run's periodic evaluation mas
 own figures and each model's top-1 agreement with it (the share of masked positions where both
 predict the same token), the measure DistilBERT-style distillation optimises most directly. A
 teacher without a head (an encoder such as all-MiniLM-L6-v2) has no predictions to agree with:
-agreement is then null. Models trained from different runs, with different masking, are compared
+agreement is then null. With any teacher of the model's width, also the **hidden-state cosine**:
+the cosine of the two models' last hidden states, averaged over the real tokens of the same masked
+batches (1 - L_cos), which says how close a student's representation is to its teacher's whether
+or not the teacher has a head, and the **centred cosine**, the same once each model's mean hidden
+state (per batch) is removed: encoders' states share a large common direction, which the plain
+cosine rewards matching, so the centred one is the truer measure of what a student kept. Both are
+null for a model of another width. Models trained from different runs, with different masking, are compared
 here on one mask, which a training run's own ``eval/`` metrics cannot do.
 
 Prints one line per model and writes the figures as JSON to ``output`` (atomically).
@@ -80,7 +86,7 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
         require(has_mlm_head(load_model_config(model, "models")), "models", f"{model} has no masked-LM head to score")
     device = torch.device("cpu")
     teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32)
-    teacher_scored = teacher is not None and has_mlm_head(teacher.config)
+    teacher_scored = teacher is not None and has_mlm_head(teacher.config)  # has predictions of its own
     batches: list = []
     results = []
     teacher_entry = None
@@ -102,13 +108,15 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
             require(bool(batches), "data", f"{cfg.data} has no valid split to evaluate on")
         student = load_teacher(model, torch.float32)  # frozen, eval mode: exactly how it is read here
         objective = ObjectiveConfig(ce=0.0, mlm=1.0, cos=0.0, mse=0.0)  # evaluate() reads no loss weight
-        sums = masked_lm_sums(Distiller(student, teacher if teacher_scored else None, objective), batches)
+        sums = masked_lm_sums(Distiller(student, teacher, objective), batches)
         metrics = eval_metrics({k: v.item() for k, v in sums.items()})
         results.append(
             {
                 "model": model,
                 **describe(metrics["student_mlm_loss"], metrics["student_mlm_accuracy"]),
                 "top1_agreement": metrics.get("top1_agreement"),  # None: no teacher, or one without a head
+                "hidden_cosine": metrics.get("hidden_cosine"),  # None: no teacher, or one of another width
+                "centred_cosine": metrics.get("centred_cosine"),
                 "masked_tokens": int(sums["predicted"].item()),
             }
         )
@@ -129,10 +137,12 @@ def describe(loss: float, accuracy: float) -> dict[str, float]:
 
 
 def format_line(entry: dict[str, Any]) -> str:
-    agreement = entry["top1_agreement"]
-    agreement_text = "n/a (no teacher head)" if agreement is None else f"{agreement:.4f}"
+    agreement, cosine, centred = entry["top1_agreement"], entry["hidden_cosine"], entry["centred_cosine"]
     return (
         f"{entry['model']}: masked-LM accuracy {entry['mlm_accuracy']:.4f} | perplexity {entry['perplexity']:.2f} "
-        f"| loss {entry['mlm_loss']:.4f} | top-1 agreement with the teacher {agreement_text} "
+        f"| loss {entry['mlm_loss']:.4f} | top-1 agreement with the teacher "
+        f"{'n/a (no teacher head)' if agreement is None else f'{agreement:.4f}'} "
+        f"| hidden-state cosine with the teacher {'n/a' if cosine is None else f'{cosine:.4f}'} "
+        f"(centred {'n/a' if centred is None else f'{centred:.4f}'}) "
         f"| {entry['masked_tokens']} masked tokens"
     )

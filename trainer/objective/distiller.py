@@ -205,17 +205,23 @@ class Distiller(nn.Module):
         """Masked-LM sums on one fixed-mask batch, in eval mode: add them up over batches and ranks,
         then :func:`eval_metrics`.
 
-        Keys: ``predicted`` (masked tokens), ``student_loss_sum``, ``student_correct``, and when
-        ``with_teacher`` and there is a teacher with an MLM head, ``teacher_loss_sum``, ``teacher_correct``
-        and ``agreement`` (student and teacher top-1 predictions equal).
+        Keys: ``predicted`` (masked tokens), ``student_loss_sum``, ``student_correct``; when
+        ``with_teacher`` and there is a teacher of the student's width, ``real_tokens``,
+        ``hidden_cosine_sum`` (the cosine of the two last hidden states, summed over the real tokens:
+        how close the student's representation is, with or without a teacher head) and
+        ``centred_cosine_sum`` (the same once each model's mean hidden state is removed); and when that
+        teacher has an MLM head, ``teacher_loss_sum``, ``teacher_correct`` and ``agreement`` (student
+        and teacher top-1 predictions equal).
         """
         input_ids, masked, targets = batch.input_ids, batch.positions, batch.targets
         valid = masked.valid.float()
         was_training = self.student.training
         self.student.eval()
         try:
-            hidden = self.student.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            student_logits = mlm_head(self.student)(masked.take(hidden))
+            student_hidden = self.student.base_model(
+                input_ids=input_ids, attention_mask=attention_mask
+            ).last_hidden_state
+            student_logits = mlm_head(self.student)(masked.take(student_hidden))
         finally:
             self.student.train(was_training)
         student_top1 = student_logits.argmax(-1)
@@ -224,10 +230,24 @@ class Distiller(nn.Module):
             "student_loss_sum": masked_lm_loss(student_logits, targets, masked.valid) * valid.sum(),
             "student_correct": ((student_top1 == targets).float() * valid).sum(),
         }
-        teacher_head = None if self.teacher is None else mlm_head(self.teacher)
-        if with_teacher and teacher_head is not None:
-            hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            teacher_logits = teacher_head(masked.take(hidden))
+        if not with_teacher or self.teacher is None:
+            return sums
+        teacher_hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if teacher_hidden.shape[-1] == student_hidden.shape[-1]:
+            real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            n_real = real.float().sum()
+            sums["real_tokens"] = n_real
+            # L_cos's own definition (1 - mean cosine), so the figure is exactly what L_cos trains.
+            sums["hidden_cosine_sum"] = (1.0 - cosine_loss(student_hidden, teacher_hidden, real)) * n_real
+            # The same with each model's mean hidden state (over the batch's real tokens) taken out first.
+            # Encoders' hidden states share a large common direction (docs/quality.md measures it for
+            # all-MiniLM-L6-v2), which the plain figure rewards a student for matching even if it tells
+            # no two tokens apart; the centred figure counts only what does.
+            centred = [h.float() - masked_mean_vector(h.float(), real) for h in (student_hidden, teacher_hidden)]
+            sums["centred_cosine_sum"] = (1.0 - cosine_loss(*centred, real)) * n_real
+        teacher_head = mlm_head(self.teacher)
+        if teacher_head is not None:
+            teacher_logits = teacher_head(masked.take(teacher_hidden))
             teacher_top1 = teacher_logits.argmax(-1)
             sums["teacher_loss_sum"] = masked_lm_loss(teacher_logits, targets, masked.valid) * valid.sum()
             sums["teacher_correct"] = ((teacher_top1 == targets).float() * valid).sum()
@@ -235,10 +255,20 @@ class Distiller(nn.Module):
         return sums
 
 
+def masked_mean_vector(hidden: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """The mean of ``hidden`` ``[batch, seq, width]`` over the ``real`` ``[batch, seq]`` positions: ``[width]``."""
+    weights = real.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum((0, 1)) / weights.sum().clamp(min=1.0)
+
+
 def eval_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """Totals from :meth:`Distiller.evaluate` -> losses, accuracies and top-1 agreement."""
+    """Totals from :meth:`Distiller.evaluate` -> losses, accuracies, top-1 agreement, hidden-state cosines."""
     n = max(sums["predicted"], 1.0)
     metrics = {"student_mlm_loss": sums["student_loss_sum"] / n, "student_mlm_accuracy": sums["student_correct"] / n}
+    if "hidden_cosine_sum" in sums:
+        real = max(sums["real_tokens"], 1.0)
+        metrics["hidden_cosine"] = sums["hidden_cosine_sum"] / real
+        metrics["centred_cosine"] = sums["centred_cosine_sum"] / real
     if "teacher_loss_sum" in sums:
         metrics["teacher_mlm_loss"] = sums["teacher_loss_sum"] / n
         metrics["teacher_mlm_accuracy"] = sums["teacher_correct"] / n
