@@ -89,6 +89,89 @@ def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path)
     assert scores["spread"] == pytest.approx(max(scores["seeds"].values()) - min(scores["seeds"].values()))
 
 
+def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, tmp_path, capsys):
+    """``method=probe`` on the real MiniLM encoder, every task at 80 / 48 examples: the same scores as
+    scikit-learn's RidgeClassifier and Ridge on features pooled and standardised here by hand (each
+    text's last hidden states averaged over its real tokens; (u, v, |u - v|, u v) for a pair), with
+    the penalty chosen here the same way (5 interleaved folds, the grid, the larger penalty on a tie);
+    and the same report again on a second run (no seed, nothing random)."""
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("sklearn")
+    import torch
+    from scipy.stats import pearsonr
+    from sklearn.linear_model import Ridge, RidgeClassifier
+    from transformers import AutoModel, AutoTokenizer
+
+    from trainer.commands.probe import PENALTIES
+
+    output = tmp_path / "probe.json"
+    argv = [str(bert_tokenizer_dir), "method=probe", "seeds=[0]", "train_size=80", "valid_size=48"]
+    argv += ["max_seq_len=64", f"output={output}", "mlflow.enabled=false"]
+    assert main(argv) == 0
+    assert "linear probe on the frozen mean-pooled features" in capsys.readouterr().out
+    report = json.loads(output.read_text())
+    [entry] = report["models"]
+
+    model, tokenizer = (
+        AutoModel.from_pretrained(bert_tokenizer_dir).eval(),
+        AutoTokenizer.from_pretrained(bert_tokenizer_dir),
+    )
+
+    def pooled(texts):
+        batch = tokenizer(texts, truncation=True, max_length=64, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return ((hidden * mask).sum(1) / mask.sum(1)).double().numpy()
+
+    def score(kind, penalty, x, y, x_eval, y_eval):
+        if kind == "regression":
+            return pearsonr(Ridge(alpha=penalty).fit(x, y).predict(x_eval), y_eval)[0]
+        return float(np.mean(RidgeClassifier(alpha=penalty).fit(x, y).predict(x_eval) == y_eval))
+
+    for name, task in MANIFEST.items():
+        train, valid = rows(name, "train")[:80], rows(name, "validation")[:48]
+
+        def features(split, kind=task["kind"]):
+            u = pooled([r["text"] for r in split])
+            if kind != "pair":
+                return u
+            v = pooled([r["text_pair"] for r in split])
+            return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
+
+        raw_train = features(train)
+        mean, sd = raw_train.mean(0), raw_train.std(0, ddof=1)
+        x_train, x_valid = (raw_train - mean) / sd, (features(valid) - mean) / sd
+        y_train, y_valid = np.array([r["label"] for r in train]), np.array([r["label"] for r in valid])
+        fold = np.arange(len(train)) % 5
+        held_out = {
+            penalty: np.mean(
+                [
+                    score(
+                        task["kind"],
+                        penalty,
+                        x_train[fold != k],
+                        y_train[fold != k],
+                        x_train[fold == k],
+                        y_train[fold == k],
+                    )
+                    for k in range(5)
+                ]
+            )
+            for penalty in PENALTIES
+        }
+        best = max(held_out.values())
+        penalty = max(p for p, s in held_out.items() if s >= best - 1e-9)
+        expected = score(task["kind"], penalty, x_train, y_train, x_valid, y_valid)
+        tolerance = 1e-6 if task["kind"] == "regression" else 1e-9  # one closed-form solution, two solvers
+        assert entry["tasks"][name]["mean"] == pytest.approx(expected, abs=tolerance), (name, penalty)
+    assert 0 < entry["tasks"]["wordnet-hypernym"]["mean"] < 1 and entry["share"] == 1.0
+
+    assert main([*argv[:-2], f"output={tmp_path / 'again.json'}", "mlflow.enabled=false"]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())["models"][0]
+    assert {t: v["mean"] for t, v in again["tasks"].items()} == {t: v["mean"] for t, v in entry["tasks"].items()}
+
+
 def test_bad_keys_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="models: name at least one model"):
         main(["mlflow.enabled=false"])
@@ -96,6 +179,10 @@ def test_bad_keys_are_clear_errors(tmp_path):
         main([str(tmp_path), "tasks=[sst2]", "mlflow.enabled=false"])
     with pytest.raises(ConfigError, match="seeds: repeats a seed"):
         main([str(tmp_path), "seeds=[1,1]"])
+    with pytest.raises(ConfigError, match=r"method: must be one of finetune, probe, not 'knn'"):
+        main([str(tmp_path), "method=knn"])
+    with pytest.raises(ConfigError, match=r"seeds: a probe is one deterministic fit, so one seed \(seeds=\[0\]\)"):
+        main([str(tmp_path), "method=probe"])
     with pytest.raises(ConfigError, match=r"tasks_dir: .* has no tasks.json"):
         main([str(tmp_path), f"tasks_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=rf"models: {tmp_path} is not a Hugging Face model directory"):

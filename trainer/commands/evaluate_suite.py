@@ -9,6 +9,13 @@ seeds (the spread is max - min), the average of the task means, and each model's
 first model's average; it also gives each task's bag-of-words baseline (stored with the tasks),
 so that a score can be read against what a linear model on word counts achieves.
 
+``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
+last hidden states; logistic or ridge regression, :mod:`trainer.commands.probe`): deterministic, so
+one fit per task and no seeds (``seeds`` must then hold one), and about a forward pass's cost. It
+tells apart models a point or two apart, which the fine-tune's seed spread hides, but it measures
+only what a linear model reads from the frozen representation; fine-tuning (the default) is what a
+user will do with a student.
+
 The suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300) examples of each
 task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
 is on, to MLflow: one run per model in experiment ``evaluate-suite`` with the task scores as
@@ -33,6 +40,7 @@ from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
+from trainer.commands.probe import probe
 from trainer.config import MlflowConfig
 from trainer.tracking.tracker import RunSpec, open_tracker
 
@@ -40,6 +48,7 @@ log = logging.getLogger(__name__)
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "tasks"
 KIND_TO_TASK = {"classification": "classification", "pair": "classification", "regression": "regression"}
+METHODS = ("finetune", "probe")
 
 
 @dataclasses.dataclass
@@ -50,6 +59,7 @@ class SuiteMlflowConfig(MlflowConfig):
 @dataclasses.dataclass
 class SuiteConfig:
     models: list[str] = field(default_factory=list)  # the first is the reference (the teacher)
+    method: str = "finetune"  # or "probe": a linear model on the frozen features (no seeds: one deterministic fit)
     tasks: list[str] = field(default_factory=list)  # empty: every task in tasks_dir/tasks.json
     tasks_dir: str = str(TASKS_DIR)
     train_size: int = 500  # the first N training examples of each task (0: all)
@@ -67,6 +77,12 @@ class SuiteConfig:
         require(len(self.models) >= 1, "models", "name at least one model (the first is the reference)")
         require(len(self.seeds) >= 1, "seeds", "needs at least one seed")
         require(len(set(self.seeds)) == len(self.seeds), "seeds", f"repeats a seed: {self.seeds}")
+        require(self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, not {self.method!r}")
+        require(
+            self.method == "finetune" or len(self.seeds) == 1,
+            "seeds",
+            f"a probe is one deterministic fit, so one seed (seeds=[0]), not {self.seeds}",
+        )
         for key in ("train_size", "valid_size"):
             require(getattr(self, key) >= 0, key, "must be >= 0 (0: the whole split)")
         for key in ("epochs", "batch_size", "max_seq_len"):
@@ -150,8 +166,31 @@ def local_model(cfg: SuiteConfig, model: str, scratch: Path) -> str:
 def run_one(
     cfg: SuiteConfig, name: str, model: str, task: dict[str, Any], data: dict[str, Path], out: Path, seed: int
 ) -> float:
-    """One fine-tuning run of ``model`` (the local directory of ``name``); its primary score (accuracy,
-    or Pearson's r for regression), also logged with the run's wall time."""
+    """One fine-tuning run of ``model`` (the local directory of ``name``), or its linear probe
+    (``method=probe``); its primary score (accuracy, or Pearson's r for regression), also logged with
+    the run's wall time."""
+    started = time.monotonic()
+    if cfg.method == "probe":
+        score = probe(model, task, data, cfg.max_seq_len, cfg.batch_size)
+    else:
+        score = finetune_one(cfg, model, task, data, out, seed)
+    seconds = time.monotonic() - started
+    log.info(
+        "evaluate-suite: %s | %s | %s | seed %d | %s %.4f | %.0f s",
+        name,
+        task["name"],
+        cfg.method,
+        seed,
+        task["metric"],
+        score,
+        seconds,
+    )
+    return score
+
+
+def finetune_one(
+    cfg: SuiteConfig, model: str, task: dict[str, Any], data: dict[str, Path], out: Path, seed: int
+) -> float:
     kind = KIND_TO_TASK[task["kind"]]
     overrides = {
         "model": model,
@@ -170,14 +209,7 @@ def run_one(
         "seed": seed,
         "mlflow": {"enabled": False},  # the suite records the scores, in one run per model
     }
-    run_cfg = from_dict(FinetuneConfig, overrides)
-    started = time.monotonic()
-    score = float(finetune(run_cfg)[PRIMARY_METRIC[kind]])
-    seconds = time.monotonic() - started
-    log.info(
-        "evaluate-suite: %s | %s | seed %d | %s %.4f | %.0f s", name, task["name"], seed, task["metric"], score, seconds
-    )
-    return score
+    return float(finetune(from_dict(FinetuneConfig, overrides))[PRIMARY_METRIC[kind]])
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -242,8 +274,13 @@ def format_table(report: dict[str, Any]) -> str:
     lines.insert(1, "-+-".join("-" * width for width in widths))
     seeds = ", ".join(map(str, report["config"]["seeds"]))
     walls = ", ".join(f"{entry['wall_s']:.0f} s" for entry in report["models"])
-    notes = [f"(mean ± spread (max - min) over seeds {seeds}; share: of the first model's average)"]
-    notes.append(f"(wall time per model, fine-tuning included: {walls})")
+    if report["config"]["method"] == "probe":
+        notes = [
+            "(linear probe on the frozen mean-pooled features: one deterministic fit; share: of the first model's)"
+        ]
+    else:
+        notes = [f"(mean ± spread (max - min) over seeds {seeds}; share: of the first model's average)"]
+    notes.append(f"(wall time per model, {report['config']['method']} included: {walls})")
     return "\n".join([*lines, *notes])
 
 

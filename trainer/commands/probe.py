@@ -1,0 +1,152 @@
+"""The linear probe: what a linear model reads from a model's frozen features (``evaluate-suite method=probe``).
+
+Each text is encoded once by the frozen model (eval mode, no gradient, float32) and its last hidden
+states are averaged over its real tokens: the pooling that sentence-embedding encoders such as
+all-MiniLM-L6-v2 are trained for, and one that needs no trained weights of its own, so a student
+(which has no pooler) is read on the same footing as its teacher. A sentence pair is encoded as two
+texts, ``u`` and ``v``, and represented by ``(u, v, |u - v|, u * v)`` (InferSent's and SentEval's
+features). The features are standardised with the training split's statistics, then a linear model
+is fitted on the training split and scored on the validation split:
+
+* classification: a ridge classifier (ridge regression on one-hot targets, the class with the
+  highest score predicted), scored by accuracy;
+* regression: ridge regression, scored by Pearson's r.
+
+Ridge for both, rather than logistic regression for classes, because it is solved in closed form:
+exact, deterministic, and cheap enough to cross-validate its penalty (30 fits a task), where an
+iterative logistic fit (L-BFGS) cost seconds a fit. For comparing models, what matters is that
+every model is read by the same linear model.
+
+The penalty's weight is chosen from a fixed grid by 5-fold cross-validation on the training split
+(interleaved folds: the task files are shuffled, so each fold is a fair sample), by the task's own
+metric, the larger weight on a tie. A fixed weight would favour whichever model's features happen
+to suit it: with 500 examples and 384 or more features, ridge at weight 1 overfits so badly that
+the teacher scored below a student on ``debian-size``.
+
+Why a probe beside fine-tuning: the suite's fine-tune (32 steps from a fresh pooler and head) moves
+with its seed by up to a few points, which hides differences of that size between students. The
+probe has no seed and no optimisation noise (the same model gives the same score to the last digit
+on the CPU), and costs about a forward pass over the examples. What it measures is narrower: the
+information a linear model can read from the frozen representation, not how well the model learns
+a task, which is what fine-tuning measures and what a user will do with a student.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.tokenizer import load_tokenizer
+from trainer.modeling import load_teacher
+
+log = logging.getLogger(__name__)
+
+PENALTIES = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)  # the ridge penalty's grid (scikit-learn's alpha)
+FOLDS = 5
+
+
+def probe(model_dir: str, task: dict[str, Any], data: dict[str, Path], max_seq_len: int, batch_size: int) -> float:
+    """``task``'s metric (accuracy or Pearson's r) of a linear model on ``model_dir``'s frozen features:
+    fitted on ``data["train"]``, scored on ``data["validation"]`` (JSONL files of the task's columns)."""
+    model = load_teacher(model_dir, torch.float32).base_model  # frozen, eval mode; a head is not needed
+    tokenizer = load_tokenizer(model_dir)
+    splits = {split: read_jsonl(path) for split, path in data.items()}
+
+    def features(rows: list[dict[str, Any]]) -> torch.Tensor:
+        u = encode(model, tokenizer, [row[task["text_column"]] for row in rows], max_seq_len, batch_size)
+        if task["kind"] != "pair":
+            return u
+        v = encode(model, tokenizer, [row[task["text_pair_column"]] for row in rows], max_seq_len, batch_size)
+        return torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
+
+    x_train, x_valid = standardise(features(splits["train"]), features(splits["validation"]))
+    labels_train = [row[task["label_column"]] for row in splits["train"]]
+    labels_valid = [row[task["label_column"]] for row in splits["validation"]]
+    if task["kind"] == "regression":
+        y_train, y_valid = (torch.tensor(labels, dtype=torch.float64) for labels in (labels_train, labels_valid))
+    else:  # class indices; a validation label never seen in training counts as wrong (index -1)
+        index = {label: i for i, label in enumerate(sorted(set(labels_train), key=str))}
+        y_train, y_valid = (
+            torch.tensor([index.get(label, -1) for label in labels]) for labels in (labels_train, labels_valid)
+        )
+    penalty = cross_validated_penalty(x_train, y_train)
+    score = metric(fit_predict(x_train, y_train, x_valid, penalty), y_valid)
+    log.info("probe: %s | %s | penalty %g | %s %.4f", model_dir, task["name"], penalty, task["metric"], score)
+    return score
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@torch.no_grad()
+def encode(model: Any, tokenizer: Any, texts: list[str], max_seq_len: int, batch_size: int) -> torch.Tensor:
+    """``[len(texts), width]`` float64: each text's last hidden states averaged over its real tokens."""
+    pooled = []
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[start : start + batch_size],
+            truncation=True,
+            max_length=max_seq_len,
+            padding=True,
+            return_tensors="pt",
+        )
+        hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        real = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled.append(((hidden * real).sum(1) / real.sum(1)).double())
+    return torch.cat(pooled)
+
+
+def standardise(train: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both splits scaled to zero mean and unit variance per feature, by the training split's statistics
+    (a constant feature is left at zero), so that one penalty weighs every feature alike."""
+    mean, std = train.mean(0), train.std(0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return (train - mean) / std, (valid - mean) / std
+
+
+def cross_validated_penalty(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The grid's penalty with the best mean held-out metric over the folds (the larger on a tie)."""
+    fold = torch.arange(len(x)) % FOLDS
+
+    def held_out(penalty: float) -> float:
+        scores = [
+            metric(fit_predict(x[fold != k], y[fold != k], x[fold == k], penalty), y[fold == k]) for k in range(FOLDS)
+        ]
+        return sum(scores) / FOLDS
+
+    return max(reversed(PENALTIES), key=held_out)  # max keeps the first best: the largest penalty
+
+
+def fit_predict(x: torch.Tensor, y: torch.Tensor, x_eval: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Predictions for ``x_eval`` of the ridge model fitted on ``x``, ``y``: values for float targets;
+    for class indices, the class whose one-hot column scores highest."""
+    if y.is_floating_point():
+        return ridge(x, y.unsqueeze(-1), x_eval, penalty).squeeze(-1)
+    one_hot = torch.nn.functional.one_hot(y, int(y.max()) + 1).to(x.dtype)
+    return ridge(x, one_hot, x_eval, penalty).argmax(-1)
+
+
+def ridge(x: torch.Tensor, y: torch.Tensor, x_eval: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``[len(x_eval), targets]``: ridge regression of ``y`` ``[len(x), targets]`` on ``x``, minimising
+    |x W + b - y|^2 + penalty |W|^2, the intercept ``b`` unpenalised."""
+    x_mean, y_mean = x.mean(0), y.mean(0)  # centred here, so the intercept is y's mean
+    xc = x - x_mean
+    gram = xc.T @ xc + penalty * torch.eye(x.shape[1], dtype=x.dtype)
+    weight = torch.linalg.solve(gram, xc.T @ (y - y_mean))
+    return (x_eval - x_mean) @ weight + y_mean
+
+
+def metric(predicted: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson's r for regression, accuracy for classes."""
+    if not y.is_floating_point():
+        return float((predicted == y).double().mean())
+    a, b = predicted - predicted.mean(), y - y.mean()
+    return float((a * b).sum() / (a.norm() * b.norm()))
