@@ -10,11 +10,10 @@ first model's average; it also gives each task's bag-of-words baseline (stored w
 so that a score can be read against what a linear model on word counts achieves.
 
 ``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
-last hidden states; logistic or ridge regression, :mod:`trainer.commands.probe`): deterministic, so
-one fit per task and no seeds (``seeds`` must then hold one), and about a forward pass's cost. It
-tells apart models a point or two apart, which the fine-tune's seed spread hides, but it measures
-only what a linear model reads from the frozen representation; fine-tuning (the default) is what a
-user will do with a student.
+last hidden states, a cross-validated ridge model; :mod:`trainer.commands.probe`): deterministic, so
+one fit per task and no seeds (``seeds`` must then hold one), at about a forward pass's cost, and a
+difference between two models is never the seed's. It measures only what a linear model reads from
+the frozen representation; fine-tuning (the default) is what a user will do with a student.
 
 The suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300) examples of each
 task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
@@ -255,8 +254,12 @@ def format_table(report: dict[str, Any]) -> str:
     names = list(report["tasks"])
     header = ["model", *(f"{n} ({report['tasks'][n]['metric']})" for n in names), "average", "share"]
     rows = []
+    probe = report["config"]["method"] == "probe"  # one fit: no spread to show
     for entry in report["models"]:
-        cells = [f"{entry['tasks'][n]['mean']:.3f} ± {entry['tasks'][n]['spread']:.3f}" for n in names]
+        cells = [
+            f"{entry['tasks'][n]['mean']:.3f}" + ("" if probe else f" ± {entry['tasks'][n]['spread']:.3f}")
+            for n in names
+        ]
         rows.append([entry["model"], *cells, f"{entry['average']:.3f}", f"{entry['share']:.1%}"])
     baselines = [report["tasks"][n]["bow_baseline"] for n in names]
     rows.append(
@@ -274,7 +277,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines.insert(1, "-+-".join("-" * width for width in widths))
     seeds = ", ".join(map(str, report["config"]["seeds"]))
     walls = ", ".join(f"{entry['wall_s']:.0f} s" for entry in report["models"])
-    if report["config"]["method"] == "probe":
+    if probe:
         notes = [
             "(linear probe on the frozen mean-pooled features: one deterministic fit; share: of the first model's)"
         ]
