@@ -182,14 +182,27 @@ def test_bad_keys_are_clear_errors(tmp_path):
         main([str(tmp_path), "tasks=[sst2]", "mlflow.enabled=false"])
     with pytest.raises(ConfigError, match="seeds: repeats a seed"):
         main([str(tmp_path), "seeds=[1,1]"])
-    with pytest.raises(ConfigError, match=r"method: must be one of finetune, probe, not 'knn'"):
+    with pytest.raises(ConfigError, match=r"method: must be one of 'finetune', 'probe', got 'knn'"):
         main([str(tmp_path), "method=knn"])
-    with pytest.raises(ConfigError, match=r"seeds: a probe is one deterministic fit, so one seed \(seeds=\[0\]\)"):
-        main([str(tmp_path), "method=probe"])
+    with pytest.raises(ConfigError, match=r"seeds: a probe is one deterministic fit: leave seeds unset, or give one"):
+        main([str(tmp_path), "method=probe", "seeds=[0,1]"])
     with pytest.raises(ConfigError, match=r"tasks_dir: .* has no tasks.json"):
         main([str(tmp_path), f"tasks_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=rf"models: {tmp_path} is not a Hugging Face model directory"):
         main([str(tmp_path), "mlflow.enabled=false"])
+
+
+def test_unset_sizes_and_seeds_are_the_methods_defaults():
+    """Fine-tuning: the CPU-sized suite, three seeds; the probe: all the data, one fit; set values kept."""
+    resolved = [
+        load_config(SuiteConfig, None, ["models=[m]", *args]).resolved()
+        for args in ([], ["method=probe"], ["method=probe", "train_size=64", "seeds=[3]"])
+    ]
+    assert [(r.train_size, r.valid_size, r.seeds) for r in resolved] == [
+        (500, 300, [0, 1, 2]),
+        (0, 0, [0]),
+        (64, 0, [3]),
+    ]
 
 
 @pytest.mark.parametrize("task", sorted(MANIFEST))

@@ -11,12 +11,12 @@ so that a score can be read against what a linear model on word counts achieves.
 
 ``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
 last hidden states, a cross-validated ridge model; :mod:`trainer.commands.probe`): deterministic, so
-one fit per task and no seeds (``seeds`` must then hold one), at about a forward pass's cost, and a
+one fit per task on all the data by default (``METHOD_DEFAULTS``), at about a forward pass's cost, and a
 difference between two models is never the seed's. It measures only what a linear model reads from
 the frozen representation; fine-tuning (the default) is what a user will do with a student.
 
-The suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300) examples of each
-task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
+The fine-tuned suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300)
+examples of each task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
 is on, to MLflow: one run per model in experiment ``evaluate-suite`` with the task scores as
 metrics (``<task>/mean``, ``<task>/spread``, ``average``, ``share``) and the JSON as an artifact.
 The fine-tuning runs themselves are not tracked (their scores are in the suite's run).
@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from common.atomic import write_text_atomically
 from common.cli import split_model_args
@@ -47,7 +47,13 @@ log = logging.getLogger(__name__)
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "tasks"
 KIND_TO_TASK = {"classification": "classification", "pair": "classification", "regression": "regression"}
-METHODS = ("finetune", "probe")
+# What a size or the seeds left unset (None) mean for each method: the fine-tune's suite sized for a
+# 2-core CPU, several seeds; the probe's one deterministic fit on all the data, which it needs (a
+# ridge fit on 384 features from 500 examples is itself unstable; docs/quality.md).
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "finetune": {"train_size": 500, "valid_size": 300, "seeds": [0, 1, 2]},
+    "probe": {"train_size": 0, "valid_size": 0, "seeds": [0]},
+}
 
 
 @dataclasses.dataclass
@@ -58,12 +64,12 @@ class SuiteMlflowConfig(MlflowConfig):
 @dataclasses.dataclass
 class SuiteConfig:
     models: list[str] = field(default_factory=list)  # the first is the reference (the teacher)
-    method: str = "finetune"  # or "probe": a linear model on the frozen features (no seeds: one deterministic fit)
+    method: Literal["finetune", "probe"] = "finetune"  # probe: a linear model on the frozen features
     tasks: list[str] = field(default_factory=list)  # empty: every task in tasks_dir/tasks.json
     tasks_dir: str = str(TASKS_DIR)
-    train_size: int = 500  # the first N training examples of each task (0: all)
-    valid_size: int = 300  # the first N validation examples of each task (0: all)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    train_size: int | None = None  # the first N training examples of each task (0: all; None: METHOD_DEFAULTS)
+    valid_size: int | None = None  # the first N validation examples of each task (0: all; None: METHOD_DEFAULTS)
+    seeds: list[int] | None = None  # one fine-tuning run each (None: METHOD_DEFAULTS)
     epochs: int = 2
     batch_size: int = 32
     lr: float = 1e-4
@@ -74,19 +80,25 @@ class SuiteConfig:
 
     def validate(self) -> None:
         require(len(self.models) >= 1, "models", "name at least one model (the first is the reference)")
-        require(len(self.seeds) >= 1, "seeds", "needs at least one seed")
-        require(len(set(self.seeds)) == len(self.seeds), "seeds", f"repeats a seed: {self.seeds}")
-        require(self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, not {self.method!r}")
-        require(
-            self.method == "finetune" or len(self.seeds) == 1,
-            "seeds",
-            f"a probe is one deterministic fit, so one seed (seeds=[0]), not {self.seeds}",
-        )
+        if self.seeds is not None:
+            require(len(self.seeds) >= 1, "seeds", "needs at least one seed")
+            require(len(set(self.seeds)) == len(self.seeds), "seeds", f"repeats a seed: {self.seeds}")
+            require(
+                self.method == "finetune" or len(self.seeds) == 1,
+                "seeds",
+                f"a probe is one deterministic fit: leave seeds unset, or give one, not {self.seeds}",
+            )
         for key in ("train_size", "valid_size"):
-            require(getattr(self, key) >= 0, key, "must be >= 0 (0: the whole split)")
+            value = getattr(self, key)
+            require(value is None or value >= 0, key, "must be >= 0 (0: the whole split)")
         for key in ("epochs", "batch_size", "max_seq_len"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
+
+    def resolved(self) -> SuiteConfig:
+        """This config with each unset size and the seeds taken from ``METHOD_DEFAULTS[method]``."""
+        unset = {key: value for key, value in METHOD_DEFAULTS[self.method].items() if getattr(self, key) is None}
+        return dataclasses.replace(self, **unset)
 
 
 def main(argv: list[str]) -> int:
@@ -99,7 +111,9 @@ def main(argv: list[str]) -> int:
 
 
 def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
-    """Fine-tune every model on every task with every seed; returns the report also written to ``cfg.output``."""
+    """Fine-tune (or probe) every model on every task with every seed; returns the report also written
+    to ``cfg.output``, whose config shows the sizes and seeds used."""
+    cfg = cfg.resolved()
     tasks = load_tasks(cfg)  # a bad task name or model directory fails before any fine-tuning
     for model in cfg.models:
         if ":/" not in model:
