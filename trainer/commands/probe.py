@@ -19,12 +19,12 @@ every model is read by the same linear model.
 
 The penalty's weight is chosen from a fixed grid by 5-fold cross-validation on the training split
 (interleaved folds: the task files are shuffled, so each fold is a fair sample), by the task's own
-metric, the larger weight on a tie. A fixed weight would favour whichever model's features happen
-to suit it: with 500 examples and 384 or more features, ridge at weight 1 overfits so badly that
-the teacher scored below a student on ``debian-size``.
+metric, the larger weight on a tie: a fixed weight would favour whichever model's features happen
+to suit it. The probe needs more examples than the fine-tune's 500 (384 or more features each), so
+evaluate-suite gives it all the data by default.
 
 Why a probe beside fine-tuning: the suite's fine-tune (32 steps from a fresh pooler and head) moves
-with its seed by up to a few points, which hides differences of that size between students. The
+with its seed by several points, which hides differences of that size between students. The
 probe has no seed and no optimisation noise (the same model gives the same score to the last digit
 on the CPU), and costs about a forward pass over the examples. What it measures is narrower: the
 information a linear model can read from the frozen representation, not how well the model learns

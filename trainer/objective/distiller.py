@@ -232,8 +232,12 @@ class Distiller(nn.Module):
         }
         if not with_teacher or self.teacher is None:
             return sums
+        teacher_head = mlm_head(self.teacher)
+        same_width = self.teacher.config.hidden_size == self.student.config.hidden_size
+        if teacher_head is None and not same_width:
+            return sums  # nothing to compare with
         teacher_hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if teacher_hidden.shape[-1] == student_hidden.shape[-1]:
+        if same_width:
             real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
             n_real = real.float().sum()
             sums["real_tokens"] = n_real
@@ -245,7 +249,6 @@ class Distiller(nn.Module):
             # no two tokens apart; the centred figure counts only what does.
             centred = [h.float() - masked_mean_vector(h.float(), real) for h in (student_hidden, teacher_hidden)]
             sums["centred_cosine_sum"] = (1.0 - cosine_loss(*centred, real)) * n_real
-        teacher_head = mlm_head(self.teacher)
         if teacher_head is not None:
             teacher_logits = teacher_head(masked.take(teacher_hidden))
             teacher_top1 = teacher_logits.argmax(-1)
