@@ -31,6 +31,12 @@ class StudentConfig:
     any field left unset is the base's.
     ``pretrained``: the weights of ``model``, trained further (a checkpoint without a masked-LM
     head gets a fresh one). This is how an existing model is pretrained on a new domain.
+
+    ``trainable``: ``all`` trains the whole student; ``head`` only its masked-LM head's own weights
+    (the transform and the output bias; the decoder matrix is tied to the word embeddings and stays),
+    with the encoder frozen exactly as loaded. With ``init=pretrained`` and L_mlm alone this fits a
+    head to a headless encoder (all-MiniLM-L6-v2, any sentence-embedding model) without changing what
+    it computes: the result is a teacher with logits, so L_ce and L_mse become possible.
     """
 
     init: Literal["from_teacher", "random", "pretrained"] = "from_teacher"
@@ -40,6 +46,7 @@ class StudentConfig:
     hidden_size: int | None = None
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
+    trainable: Literal["all", "head"] = "all"
 
     ARCHITECTURE_KEYS: ClassVar[tuple[str, ...]] = (
         "num_layers",
@@ -69,6 +76,12 @@ class StudentConfig:
         for key in self.ARCHITECTURE_KEYS:
             value = getattr(self, key)
             require(value is None or value > 0, f"student.{key}", "must be positive")
+        require(
+            self.trainable == "all" or self.init != "random",
+            "student.trainable",
+            "head freezes the encoder, which student.init=random leaves random; fit a head to a pretrained "
+            "(init=pretrained) or copied (init=from_teacher) encoder",
+        )
         if self.hidden_size is not None and self.num_attention_heads is not None:
             require(
                 self.hidden_size % self.num_attention_heads == 0,
@@ -273,6 +286,11 @@ class TrainConfig:
             self.validate_without_teacher()
         else:
             require(self.tokenizer is None, "tokenizer", "the teacher's tokenizer is used; leave it unset (null)")
+        require(
+            self.objective.cos == 0 or self.student.trainable == "all",
+            "objective.cos",
+            "trains the student's hidden states, which student.trainable=head freezes; set it to 0",
+        )
         require(self.max_steps >= 0, "max_steps", "must be >= 0")
         require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
         require(

@@ -221,13 +221,19 @@ def build_student(cfg: StudentConfig, teacher: PreTrainedModel | None) -> PreTra
     """A float32 masked-LM student (random init, a fresh head included, follows torch's global seed).
 
     ``teacher`` is None without one (``teacher: null``); the student then comes from ``student.model``.
+    With ``trainable=head`` all but the head's own parameters are frozen (:func:`freeze_all_but_head`).
     """
     if cfg.init == "pretrained":
-        return load_pretrained_student(cfg.model)
-    config = student_config(cfg, base_config(cfg, None if teacher is None else teacher.config))
-    student = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
+        student = load_pretrained_student(cfg.model)
+    else:
+        student = AutoModelForMaskedLM.from_config(
+            student_config(cfg, base_config(cfg, None if teacher is None else teacher.config)),
+            attn_implementation="sdpa",
+        )
     if cfg.init == "from_teacher":
         copy_from_teacher(student, teacher, student_layer_map(cfg, teacher.config.num_hidden_layers))
+    if cfg.trainable == "head":
+        freeze_all_but_head(student)
     return student
 
 
@@ -254,6 +260,21 @@ def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
     if not has_mlm_head(source):
         log.info("student.model: %s has no masked-LM head; training a freshly initialised one", name_or_path)
     return model.train()
+
+
+def freeze_all_but_head(model: PreTrainedModel) -> None:
+    """``student.trainable=head``: only the masked-LM head's own parameters keep ``requires_grad``.
+
+    The decoder matrix is the word-embedding matrix (tied), part of the encoder, so it stays frozen
+    with it; what trains is the head's transform (dense + LayerNorm) and its output bias. The
+    optimizer is given only parameters that require gradients (``trainer.runtime.optim.param_groups``),
+    so the frozen ones are never updated, not even by weight decay.
+    """
+    tied = {id(p) for p in model.get_input_embeddings().parameters()}
+    model.requires_grad_(False)
+    for param in mlm_head(model).parameters():
+        if id(param) not in tied:
+            param.requires_grad_(True)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from trainer.config import MaskingConfig, TrainConfig
 from trainer.modeling import build_student, load_teacher_config
 from trainer.objective.distiller import Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.runtime.optim import param_groups
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = str(REPO / "configs" / "pretrain-bert-mini.yaml")
@@ -48,6 +49,8 @@ def pretraining(*overrides: str) -> TrainConfig:
         (["student.model=null"], "student.model", "without a teacher, name the model"),
         (["student.init=pretrained", "student.num_layers=2"], "student.num_layers", "keeps its own architecture"),
         (["student.init=pretrained", "student.model=null"], "student.model", "init=pretrained needs the model"),
+        (["student.trainable=head"], "student.trainable", "student.init=random leaves random"),
+        (["student.trainable=all_but_embeddings"], "student.trainable", "must be one of"),
     ],
 )
 def test_teacherless_config_errors_name_the_key(overrides: list[str], key: str, message: str) -> None:
@@ -169,3 +172,64 @@ def test_pretrained_student_with_missing_encoder_weights_is_a_config_error(
     cfg = pretraining("student.init=pretrained", f"student.model={partial}")
     with pytest.raises(ConfigError, match=r"^student\.model: .* has no weights for bert\.encoder\.layer\.4\."):
         build_student(cfg.student, None)
+
+
+HEAD_OWN = {  # what student.trainable=head trains in a BertForMaskedLM: the transform and the output bias
+    "cls.predictions.bias",
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight",
+    "cls.predictions.transform.LayerNorm.bias",
+}
+
+
+def test_a_head_fitted_to_a_frozen_encoder_changes_nothing_else(bert_tokenizer_dir: Path, batch) -> None:
+    """``student.trainable=head`` on the headless all-MiniLM-L6-v2: optimizer steps change the fresh head's
+    transform and bias, and not one value of the encoder, nor the decoder matrix tied to its embeddings."""
+    cfg = pretraining("student.init=pretrained", f"student.model={bert_tokenizer_dir}", "student.trainable=head")
+    validate_against_teacher(cfg, None)
+    torch.manual_seed(0)
+    student = build_student(cfg.student, None)
+    assert {name for name, p in student.named_parameters() if p.requires_grad} == HEAD_OWN
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    distiller = Distiller(student, None, cfg.objective)
+    optimizer = torch.optim.AdamW(param_groups(distiller, weight_decay=0.01), lr=1e-3)
+    losses = []
+    for _ in range(3):
+        loss = distiller(batch=batch, attention_mask=None)["loss"]
+        loss.backward()
+        assert all(p.grad is None for p in student.parameters() if not p.requires_grad)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    after = student.state_dict()
+    changed = {k for k, v in after.items() if not torch.equal(v, before[k])}
+    tied_bias = {"cls.predictions.decoder.bias"} & set(after)  # the same tensor as cls.predictions.bias
+    assert changed == HEAD_OWN | tied_bias
+    assert student.cls.predictions.decoder.weight is student.bert.embeddings.word_embeddings.weight
+    assert losses[-1] < losses[0]  # the same batch three times: the head fits it
+
+
+def test_a_frozen_student_trains_no_hidden_state_term(bert_tokenizer_dir: Path) -> None:
+    """With a teacher, L_cos and the layer methods would train nothing under student.trainable=head: each is an
+    error naming its key, before any weight is loaded."""
+    distil = [f"teacher={bert_tokenizer_dir}", "student.trainable=head", "objective.ce=0", "objective.mse=0"]
+    with pytest.raises(ConfigError, match=r"^objective\.cos: .*student\.trainable=head freezes"):
+        config(*distil)
+    cfg = config(*distil, "objective.cos=0", "objective.tinybert.hidden=1")
+    with pytest.raises(ConfigError, match=r"^objective\.tinybert: .*student\.trainable=head freezes"):
+        validate_against_teacher(cfg, load_teacher_config(str(bert_tokenizer_dir)))
+
+
+def test_plan_counts_a_frozen_encoder_s_weights_but_not_its_optimizer_states(bert_tokenizer_dir: Path) -> None:
+    """Frozen weights are held like any other, but have no AdamW states, and no backward pass through the encoder."""
+    fit = ["student.init=pretrained", f"student.model={bert_tokenizer_dir}", "deepspeed.precision=fp32"]
+    plans = {mode: build_plan(pretraining(*fit, f"student.trainable={mode}"), 2, 128) for mode in ("all", "head")}
+    whole, head = plans["all"]["memory_gib"], plans["head"]["memory_gib"]
+    assert head["student_weights"] == whole["student_weights"]
+    head_params = 384 * 384 + 384 + 2 * 384 + 30522  # transform dense, LayerNorm, output bias
+    assert head["optimizer_states"] * 2**30 == 12 * head_params // 2
+    flops = {mode: plan["flops_per_token"]["student_forward_backward"] for mode, plan in plans.items()}
+    encoder = 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536 + 2 * 128 * 384)
+    assert flops["all"] - flops["head"] == 2 * encoder
+    assert "student.trainable=head: the encoder is frozen" in render(plans["head"])

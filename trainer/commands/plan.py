@@ -40,6 +40,7 @@ from trainer.modeling import (
     base_config,
     build_on_meta,
     encoder_layers,
+    freeze_all_but_head,
     load_teacher_config,
     mlm_head,
     student_config,
@@ -99,11 +100,13 @@ def distillation_flops_per_token(
     teacher_forward: bool,
     teacher_head_fraction: float,
     student_head_fraction: float,
+    encoder_trains: bool = True,
 ) -> dict[str, float]:
     """Model FLOPs per input token of one distillation step (what MFU is computed from).
 
     The teacher runs forward only (if any loss needs it; never without a teacher); the student forward and backward
-    (backward = 2x forward). Each MLM head runs at the given fraction of positions: the masked
+    (backward = 2x forward), its encoder forward only when it is frozen (``student.trainable=head``: no
+    gradient flows into it). Each MLM head runs at the given fraction of positions: the masked
     budget for masked-position losses, 1 for all-position logit losses, 0 when no loss needs it.
     """
     teacher = 0.0
@@ -111,13 +114,12 @@ def distillation_flops_per_token(
         teacher = encoder_flops_per_token(teacher_config, seq_len) + teacher_head_fraction * head_flops_per_position(
             teacher_config
         )
-    student_forward = encoder_flops_per_token(
-        student_config, seq_len
-    ) + student_head_fraction * head_flops_per_position(student_config)
+    student_encoder = encoder_flops_per_token(student_config, seq_len) * (3 if encoder_trains else 1)
+    student_head = 3 * student_head_fraction * head_flops_per_position(student_config)
     return {
         "teacher_forward": teacher,
-        "student_forward_backward": 3 * student_forward,
-        "total": teacher + 3 * student_forward,
+        "student_forward_backward": student_encoder + student_head,
+        "total": teacher + student_encoder + student_head,
     }
 
 
@@ -156,10 +158,16 @@ def step_flops_per_token(
     student_config: PretrainedConfig,
     mask_probability: float,
     seq_len: int,
+    trainable: str = "all",
 ) -> dict[str, float]:
-    """Model FLOPs per token of one distillation step with this objective (what MFU is computed from)."""
+    """Model FLOPs per token of one distillation step with this objective (what MFU is computed from);
+    ``trainable`` is ``student.trainable``."""
     return distillation_flops_per_token(
-        teacher_config, student_config, seq_len, **logit_fractions(objective, mask_probability, seq_len)
+        teacher_config,
+        student_config,
+        seq_len,
+        **logit_fractions(objective, mask_probability, seq_len),
+        encoder_trains=trainable == "all",
     )
 
 
@@ -224,6 +232,8 @@ def meta_distiller(
     dtype = training_dtype(cfg.deepspeed.precision)
     teacher = None if teacher_config is None else build_on_meta(teacher_config).to(dtype).eval()
     student = build_on_meta(s_config).to(dtype).train()
+    if cfg.student.trainable == "head":
+        freeze_all_but_head(student)
     with torch.device("meta"):
         return Distiller(student, teacher, cfg.objective).to(dtype), teacher
 
@@ -256,7 +266,8 @@ def memory_per_rank(
 
     * ``teacher``: its full weights on every rank, never partitioned (``trainer.objective.distiller``);
     * ``student_weights``: b·Ψ; ZeRO-3 keeps b·Ψ/N, plus whole copies of the parameters under
-      ``stage3_param_persistence_threshold`` elements (not worth gathering);
+      ``stage3_param_persistence_threshold`` elements (not worth gathering). Frozen parameters
+      (``student.trainable=head``) are held the same way but have no optimizer states or gradients;
     * ``optimizer_states``: 12·Ψ/N, a float32 master copy and AdamW's two moments, partitioned by
       every ZeRO stage; 0 here with ``offload_optimizer`` (they live in CPU memory);
     * ``gradient_partition``: ZeRO-3's b·Ψ/N, held for the whole run; 0 for ZeRO-1 and -2, which reduce
@@ -277,13 +288,15 @@ def memory_per_rank(
     zero = DeepSpeedZeroConfig(**ds.get("zero_optimization", {}))
     params = [p for p in distiller.parameters() if p.requires_grad]
     trainable = sum(p.numel() for p in params)
+    frozen = sum(p.numel() for p in distiller.parameters() if not p.requires_grad)  # student.trainable=head
     b = params[0].element_size()
     per_rank = math.ceil(trainable / world_size)
-    if zero.stage == 3:
-        persistent = sum(p.numel() for p in params if p.numel() < zero.param_persistence_threshold)
-        student_weights, gradient_partition = b * (per_rank + persistent), b * per_rank
+    if zero.stage == 3:  # partitions every parameter, frozen or not
+        persistent = sum(p.numel() for p in distiller.parameters() if p.numel() < zero.param_persistence_threshold)
+        student_weights = b * (per_rank + math.ceil(frozen / world_size) + persistent)
+        gradient_partition = b * per_rank
     else:
-        student_weights, gradient_partition = b * trainable, 0
+        student_weights, gradient_partition = b * (trainable + frozen), 0
     offloaded = zero.offload_optimizer is not None and zero.offload_optimizer.device != "none"
     buffers = 0
     if zero.contiguous_gradients:
@@ -340,14 +353,21 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
     teacher = None if meta_teacher is None else describe(teacher_config, meta_teacher)
     student = describe(s_config, distiller.student)
     layers = distiller.layer_distillation
-    flops = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
+    flops = step_flops_per_token(
+        cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len, cfg.student.trainable
+    )
     activations = activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len)
     memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, activations)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
         "config": to_dict(cfg),
         "teacher": None if teacher is None else {"name_or_path": cfg.teacher, **teacher},
-        "student": {"init": cfg.student.init, "model": cfg.student.model, **student},
+        "student": {
+            "init": cfg.student.init,
+            "model": cfg.student.model,
+            "trainable": cfg.student.trainable,
+            **student,
+        },
         "teacher_params": None if teacher is None else teacher["params"]["encoder"],
         "student_params": student["params"]["encoder"],
         "layer_map": student_layer_map(cfg.student, teacher_config.num_hidden_layers)
@@ -405,6 +425,8 @@ def render(plan: dict[str, Any]) -> str:
             f"  params: {millions(params['encoder'])} encoder ({params['encoder']:,}: embeddings "
             f"{params['embeddings']:,} + layers {params['layers']:,}); {params['total']:,} in total with heads"
         )
+    if plan["student"]["trainable"] == "head":
+        lines.append("student.trainable=head: the encoder is frozen; only the MLM head's own weights train")
     if plan["layer_map"] is not None:
         lines.append(f"layer map (student layer i <- teacher layer): {plan['layer_map']}")
     layers = plan["layer_distillation"]

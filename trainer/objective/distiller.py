@@ -59,6 +59,13 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig 
     """
     base = base_config(cfg.student, teacher_config)
     check_student(cfg.student, base)
+    if cfg.student.trainable == "head":
+        for name in cfg.objective.LAYER_METHODS:
+            require(
+                not method_class(name).active_weights(getattr(cfg.objective, name)),
+                f"objective.{name}",
+                "trains the student's layers, which student.trainable=head freezes; set its weights to 0",
+            )
     if teacher_config is None:
         for name in cfg.objective.LAYER_METHODS:
             require(
