@@ -40,8 +40,11 @@ from helpers import kill_and_resume as kill_rank_and_resume
 from helpers import train_losses as losses_of
 from safetensors.torch import load_file
 
+from common.config import load_config
 from trainer.commands.export import load_student
+from trainer.config import TrainConfig
 from trainer.runtime.data import SAMPLE_TRACE_ENV
+from trainer.runtime.optim import lr_factor, warmup_steps
 
 pytestmark = pytest.mark.integration
 
@@ -329,6 +332,15 @@ def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_po
 
     assert sorted(train_losses(out)) == list(range(1, 10))
     assert all(math.isfinite(v) for step in train_losses(out).values() for v in step.values())
+    # Each launch follows its own schedule (max_steps 3, 6, 9) from the step it resumed at, although the
+    # checkpoint's optimizer held the last launch's lr (zero at its last step).
+    opt = load_config(TrainConfig, REPO / "configs" / "tiny-cpu.yaml").optimizer
+    lrs = {r["step"]: r["train/lr"] for r in records(out) if "train/lr" in r}
+    for step, lr in lrs.items():
+        max_steps = 3 * math.ceil(step / 3)
+        expected = opt.lr * lr_factor(step - 1, max_steps, warmup_steps(max_steps, opt.warmup_fraction))
+        assert lr == pytest.approx(expected, rel=1e-6), (step, lr, expected)
+    assert lrs[4] > 0 and lrs[7] > 0
     # 9 steps of 8 samples; the reference's 2 ranks take 2 micro-batches each per step.
     assert consumed_samples(trace) == consumed_samples(reference_run.parent / "samples", 9 * 2)
     assert sum(consumed_samples(trace).values()) == 9 * 8

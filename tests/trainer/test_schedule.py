@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from trainer.runtime.optim import build_scheduler, lr_factor, warmup_steps
+from trainer.runtime.optim import build_scheduler, follow_schedule, lr_factor, warmup_steps
 
 
 def test_warmup_then_linear_decay() -> None:
@@ -45,3 +45,37 @@ def test_scheduler_drives_optimizer_lr_and_survives_state_dict_round_trip() -> N
     resumed.load_state_dict(scheduler.state_dict())
     assert resumed.get_last_lr() == pytest.approx(scheduler.get_last_lr())
     assert resumed.get_last_lr()[0] == pytest.approx(5e-4 * lr_factor(7, 20, 2))
+
+
+def test_a_relaunch_with_more_steps_follows_its_own_schedule_from_the_resumed_step() -> None:
+    """A finished 4-step run relaunched with max_steps=6 (and a new peak lr): the checkpoint's optimizer
+    says lr 0 (its schedule's end); the first resumed step must use the new schedule's lr at step 4."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-4)
+    scheduler = build_scheduler(optimizer, max_steps=4, warmup_fraction=0.0)
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0
+
+    resumed_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    resumed = build_scheduler(resumed_opt, max_steps=6, warmup_fraction=0.0)
+    resumed_opt.load_state_dict(optimizer.state_dict())  # as DeepSpeed's load_checkpoint does, both
+    resumed.load_state_dict(scheduler.state_dict())
+    assert resumed_opt.param_groups[0]["lr"] == 0.0  # what the step would have used
+
+    assert follow_schedule(resumed, peak_lr=1e-3) == pytest.approx((0.0, 1e-3 * lr_factor(4, 6, 0)))
+    assert resumed_opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 6)
+    assert resumed.get_last_lr() == pytest.approx([1e-3 * 2 / 6])
+    resumed_opt.step()
+    resumed.step()  # and the schedule goes on from there
+    assert resumed_opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 1 / 6)
+
+
+def test_follow_schedule_changes_nothing_for_an_unchanged_relaunch() -> None:
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-4)
+    scheduler = build_scheduler(optimizer, max_steps=20, warmup_fraction=0.1)
+    for _ in range(7):
+        optimizer.step()
+        scheduler.step()
+    before = optimizer.param_groups[0]["lr"]
+    assert follow_schedule(scheduler, peak_lr=5e-4) == pytest.approx((before, before))

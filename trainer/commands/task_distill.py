@@ -64,7 +64,7 @@ from trainer.objective.capture import capture
 from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
 from trainer.objective.losses import kl_distillation_loss, logit_mse_loss
 from trainer.runtime.metrics import duration
-from trainer.runtime.optim import build_scheduler, param_groups
+from trainer.runtime.optim import build_scheduler, follow_schedule, param_groups
 from trainer.runtime.ranks import Ranks, average_gradients, init_ranks
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import NullTracker, RunSpec, Tracker
@@ -338,6 +338,7 @@ class StageLoop:
         if step:
             self.optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
+            follow_schedule(scheduler, self.section.lr)  # this launch's epochs and lr, not the checkpoint's
             log.info("%s stage: resuming at step %d of %d", self.stage, step, total_steps)
         tracker = self.tracking.stage(self.stage)
         steps_per_epoch = math.ceil(len(self.train_set) / cfg.batch_size)

@@ -19,6 +19,7 @@ step, masks are drawn on the device, and batches arrive in pinned memory.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from trainer.runtime.engine import build_engine, deepspeed_config, init_distribu
 from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
+from trainer.runtime.optim import follow_schedule
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import start_tracker
 
@@ -106,6 +108,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
 
     resumed = checkpoints.resume(engine, resume_point) or {}
     step = int(resumed.get("step", 0))
+    if resumed:  # the schedule is this launch's (max_steps may have grown), not the checkpoint's
+        saved_lr, lr = follow_schedule(engine.lr_scheduler, cfg.optimizer.lr)
+        if world.is_main and not math.isclose(saved_lr, lr):
+            log.info("step %d: lr %.3g from this launch's schedule (the checkpoint's was %.3g)", step, lr, saved_lr)
     # Rank 0 tracks the run in MLflow (a resumed run continues its MLflow run); never blocks a step.
     tracker = start_tracker(
         cfg.mlflow,

@@ -44,3 +44,22 @@ def build_scheduler(
     """A LambdaLR that DeepSpeed steps after each optimizer step and keeps in its checkpoints."""
     warmup = warmup_steps(max_steps, warmup_fraction)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, max_steps, warmup))
+
+
+def follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) -> tuple[float, float]:
+    """Set the optimizer's lr to what this launch's schedule gives at the step the scheduler resumed at.
+
+    A checkpoint restores the optimizer's lr and the scheduler's base lr as the saving launch's
+    schedule left them, while the schedule itself (``max_steps``, warmup) comes from this launch's
+    config. A relaunch that extends ``max_steps`` would otherwise take its first step at the old
+    schedule's last lr (zero, at the end of a finished run) and its peak from the old config.
+    Returns the first group's lr before and after, so the caller can say that it changed.
+    """
+    groups = scheduler.optimizer.param_groups
+    before = groups[0]["lr"]
+    scheduler.base_lrs = [peak_lr] * len(groups)
+    for group, factor in zip(groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = peak_lr
+        group["lr"] = peak_lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports
+    return before, groups[0]["lr"]
