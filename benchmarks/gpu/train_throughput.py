@@ -1,6 +1,7 @@
 """End-to-end training throughput through the real engine and loader, and the naive step side by side.
 
-    python benchmarks/gpu/train_throughput.py OUTDIR [--parts cases,steps] [--only CASE,...] [--data .gpu] [--quick]
+    python benchmarks/gpu/train_throughput.py OUTDIR [--parts cases,steps] [--only NAME,...] [--data .gpu] [--quick]
+        [--append] [--deadline UNIX_SECONDS]
 
 Each case is a real run, ``python launch/run.sh PRESET ...`` (the DeepSpeed engine, the WebDataset
 loader over real shards made by the preprocessing pipeline, masking, the Distiller, checkpointing and
@@ -20,6 +21,12 @@ Then ``benchmarks/distill_step.py`` times this project's bare step and the naive
 over the usual way. Last, ``benchmarks/losses.py`` times the output losses alone, eager and compiled,
 at the step's shapes (what compiling the losses adds). Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
+
+``--append`` continues OUTDIR/throughput.json: what it holds is kept and not measured again (except what a
+deadline stopped), so calls that each get a few minutes of a GPU add up to one report. ``--deadline``
+(Unix time) starts nothing with less than ``MIN_START_S`` left and stops what runs at the deadline; a
+stopped case is recorded as such and measured by the next ``--append`` call (``benchmarks/gpu/run.sh
+OUTDIR session`` drives both).
 
 ``--quick`` is the CPU dry run: a 12-layer, 96-wide teacher, the 128-token data, micro-batches of 2
 and a few steps; every code path runs, no figure means anything.
@@ -50,10 +57,20 @@ from trainer.modeling import load_teacher_config
 REPO = Path(__file__).resolve().parents[2]
 H100_BF16_DENSE = 989e12  # FLOP/s, the datasheet figure the issue measures MFU against
 CASE_TIMEOUT = 420
-# The bare steps compared: the project's step as trained (fused AdamW on CUDA), which also profiles a few steps
-# after timing them (where the time goes, before anything is optimised), and the naive reference step.
-PROJECT_STEP = ["--step=project", "--profile-steps=3"]
-NAIVE_STEP = ["--step=naive"]
+MIN_START_S = 45  # with less time to the deadline, a case or step is not started (process start alone is ~20 s)
+STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: measured again by the next call
+# The bare steps compared, by name (--only takes these too): the project's step as trained (fused AdamW on
+# CUDA), which also profiles a few steps after timing them (where the time goes, before anything is optimised),
+# the naive reference step, fused AdamW off, and last the compiled step (its compile time is the least
+# predictable). "losses" is benchmarks/losses.py.
+STEP_VARIANTS = {
+    "project": ["--step=project", "--profile-steps=3"],
+    "naive": ["--step=naive"],
+    "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
+    "project-compiled": ["--step=project", "--compile"],
+}
+LOSSES = "losses"
+HEADLINE = "headline"  # --only's name for the first case of the list
 
 
 @dataclass
@@ -70,9 +87,11 @@ class Case:
 
 def full_cases() -> list[Case]:
     """The campaign: the distilbert-base preset at 128 and 512 tokens over a micro-batch sweep, the two small
-    presets at 512, and the DistilBERT recipe's 4096-sequence global batch through gradient accumulation."""
-    cases = [Case(f"distilbert-128-mb{m}", "distilbert-base", 128, m) for m in (64, 128, 256)]
-    cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (16, 32, 64)]
+    presets at 512, and the DistilBERT recipe's 4096-sequence global batch through gradient accumulation.
+    The first is the headline (``--only headline``): the issue's targets are set at 512 tokens."""
+    cases = [Case("distilbert-512-mb32", "distilbert-base", 512, 32)]
+    cases += [Case(f"distilbert-128-mb{m}", "distilbert-base", 128, m) for m in (64, 128, 256)]
+    cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (16, 64)]
     cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
     cases += [Case("minilm-6l-384-512-mb64", "minilm-6l-384", 512, 64)]
     cases += [Case("distilbert-512-gb4096-mb32", "distilbert-base", 512, 32, steps=2, log_every=1, global_batch=4096)]
@@ -167,7 +186,9 @@ def summarize(out: Path) -> dict[str, Any]:
     }
 
 
-def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float | None) -> dict[str, Any]:
+def run_case(
+    case: Case, teacher: Path, data_root: Path, work: Path, peak: float | None, timeout: float
+) -> dict[str, Any]:
     out = work / case.name
     shutil.rmtree(out, ignore_errors=True)  # a run left there would be resumed, not measured
     data = data_root / f"data-{case.seq}"
@@ -177,10 +198,10 @@ def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float
     log_path = work / f"{case.name}.log"
     with log_path.open("w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=CASE_TIMEOUT)
+            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout"
+            rc = "timeout" if timeout >= CASE_TIMEOUT else STOPPED
     result: dict[str, Any] = {**asdict(case), "rc": rc, "wall_s": time.perf_counter() - started}
     if rc != 0:
         result["error"] = log_path.read_text()[-2000:]
@@ -191,31 +212,32 @@ def run_case(case: Case, teacher: Path, data_root: Path, work: Path, peak: float
     return result
 
 
-def json_result(command: list[str]) -> dict[str, Any]:
+def json_result(command: list[str], timeout: float) -> dict[str, Any]:
     """The JSON a benchmark script prints last (after any log lines), or ``{"error": its stderr's tail}``."""
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    try:
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout" if timeout >= CASE_TIMEOUT else STOPPED, "rc": STOPPED}
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
-def step_comparison(teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[dict[str, Any]]:
-    """benchmarks/distill_step.py: this project's bare step (fused AdamW on, off; compiled) and the naive step."""
+def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[str]:
+    """benchmarks/distill_step.py on the distilbert-base preset, 32 x 512 (quick: 2 x 128), as ``variant``."""
     micro, seq, steps = (2, 128, 2) if quick else (32, 512, 10)
     base = [sys.executable, "benchmarks/distill_step.py", "configs/distilbert-base.yaml", f"teacher={teacher_config}"]
     base += [f"data={data}", f"micro_batch_size={micro}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
     base += ["--random-weights", f"--tokenizer={tokenizer}", "--json"]
     if quick:
         base += ["student.teacher_layers=null"]
-    variants = [PROJECT_STEP, ["--step=project", "--no-fused-adamw"], NAIVE_STEP]
-    variants += [["--step=project", "--compile"]]  # last: its compile time is the least predictable
-    return [{"args": extra, **json_result([*base, *extra])} for extra in variants]
+    return [*base, *STEP_VARIANTS[variant]]
 
 
-def loss_comparison(quick: bool) -> dict[str, Any]:
+def losses_command(quick: bool) -> list[str]:
     """benchmarks/losses.py: the output losses of a 32 x 512 micro-batch (quick: 2 x 128), eager and compiled."""
     shape = ["--batch=2", "--seq-len=128", "--steps=2", "--warmup=1"] if quick else ["--batch=32", "--seq-len=512"]
-    return json_result([sys.executable, "benchmarks/losses.py", *shape, "--json"])
+    return [sys.executable, "benchmarks/losses.py", *shape, "--json"]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -242,11 +264,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs |", "|---" * 5 + "|"]
     for r in report["steps"]:
         if "error" in r:
-            lines.append(f"| {' '.join(r['args'])} | error | | | |")
+            lines.append(f"| {r['name']} ({' '.join(r['args'])}) | error | | | |")
             continue
         mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
         lines.append(
-            f"| {' '.join(r['args'])} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {mem} | "
+            f"| {r['name']} ({' '.join(r['args'])}) | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {mem} | "
             f"{r['host_sync_in_forward_backward']} |"
         )
     if report.get("naive_ratio"):
@@ -263,6 +285,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"(**{losses['eager_over_compiled']:.2f}x**); max |gradient difference| "
             f"{losses['max_grad_difference']:.1e}",
         ]
+    if report.get("not_started"):
+        lines += ["", f"Not started, too close to the deadline: {', '.join(report['not_started'])}."]
     for r in report["steps"]:
         if r.get("profile"):
             heading = f"Where the bare step's time goes ({' '.join(r['args'])}):"
@@ -278,7 +302,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoder-distill-throughput"))
     parser.add_argument("--quick", action="store_true", help="the CPU dry run")
     parser.add_argument("--parts", default="cases,steps", help="cases (training runs), steps (bare step comparison)")
-    parser.add_argument("--only", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated case and step names (default: all)")
+    parser.add_argument("--append", action="store_true", help="continue OUTDIR/throughput.json")
+    parser.add_argument("--deadline", type=float, default=None, help="Unix time by which to have stopped")
     args = parser.parse_args()
     import torch
 
@@ -295,32 +321,68 @@ def main() -> int:
 
     versions = f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}"
     report: dict[str, Any] = {"device": device, "versions": versions, "peak_flops": peak, "cases": [], "steps": []}
+    previous = args.outdir / "throughput.json"
+    if args.append and previous.is_file():  # what a deadline stopped is measured again
+        kept = json.loads(previous.read_text())
+        report["cases"] = [r for r in kept["cases"] if r.get("rc") != STOPPED]
+        report["steps"] = [r for r in kept["steps"] if r.get("rc") != STOPPED]
+        if (kept.get("losses") or {}).get("rc") != STOPPED:
+            report["losses"] = kept.get("losses")
+    done = {r["name"] for r in report["cases"] + report["steps"]} | ({LOSSES} if report.get("losses") else set())
     only = None if args.only is None else set(args.only.split(","))
     parts = set(args.parts.split(","))
+    cases = quick_cases() if args.quick else full_cases()
+    if only is not None and HEADLINE in only:
+        only.add(cases[0].name)
+
+    def wanted(name: str, part: str) -> bool:
+        return part in parts and name not in done and (only is None or name in only)
+
+    def time_left() -> float:
+        """Seconds an item may run: CASE_TIMEOUT, or less before the deadline (0: do not start it)."""
+        if args.deadline is None:
+            return CASE_TIMEOUT
+        left = args.deadline - time.time()
+        return min(CASE_TIMEOUT, left) if left >= MIN_START_S else 0
 
     def save() -> None:
+        steps = {r["name"]: r.get("tokens_per_s") for r in report["steps"]}
+        if steps.get("project") and steps.get("naive"):
+            report["naive_ratio"] = steps["project"] / steps["naive"]
         write_text_atomically(args.outdir / "throughput.json", json.dumps(report, indent=2) + "\n")
         write_text_atomically(args.outdir / "throughput.md", markdown(report))
 
-    for case in quick_cases() if args.quick else full_cases():
-        if "cases" not in parts or (only is not None and case.name not in only):
-            continue
-        result = run_case(case, teacher, args.data, args.work, peak)
-        report["cases"].append(result)
+    def record(kind: str, result: dict[str, Any]) -> None:
+        report[kind].append(result)
         save()
-        print(json.dumps({k: v for k, v in result.items() if k != "error"}), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if k not in ("error", "profile")}), flush=True)
         if "error" in result:
             print(result["error"], file=sys.stderr, flush=True)
-    if "steps" in parts:
-        data = args.data / ("data-128" if args.quick else "data-512")
-        teacher_config = teacher if args.quick else args.teacher_config
-        report["steps"] = step_comparison(teacher_config, tokenizer, data, args.quick)
-        rates = {" ".join(r["args"]): r.get("tokens_per_s") for r in report["steps"]}
-        project, naive = rates.get(" ".join(PROJECT_STEP)), rates.get(" ".join(NAIVE_STEP))
-        if project and naive:
-            report["naive_ratio"] = project / naive
-        report["losses"] = loss_comparison(args.quick)
-        save()
+
+    skipped = []
+    for case in cases:
+        if wanted(case.name, "cases"):
+            if timeout := time_left():
+                record("cases", run_case(case, teacher, args.data, args.work, peak, timeout))
+            else:
+                skipped.append(case.name)
+    data = args.data / ("data-128" if args.quick else "data-512")
+    teacher_config = teacher if args.quick else args.teacher_config
+    for variant in STEP_VARIANTS:
+        if wanted(variant, "steps"):
+            if timeout := time_left():
+                command = step_command(variant, teacher_config, tokenizer, data, args.quick)
+                record("steps", {"name": variant, "args": STEP_VARIANTS[variant], **json_result(command, timeout)})
+            else:
+                skipped.append(variant)
+    if wanted(LOSSES, "steps"):
+        if timeout := time_left():
+            report["losses"] = json_result(losses_command(args.quick), timeout)
+            save()
+        else:
+            skipped.append(LOSSES)
+    report["not_started"] = skipped  # by this call: the next --append call measures them
+    save()
     print(markdown(report))
     return 0
 

