@@ -158,16 +158,16 @@ def step_flops_per_token(
     student_config: PretrainedConfig,
     mask_probability: float,
     seq_len: int,
-    trainable: str = "all",
+    encoder_trains: bool = True,
 ) -> dict[str, float]:
     """Model FLOPs per token of one distillation step with this objective (what MFU is computed from);
-    ``trainable`` is ``student.trainable``."""
+    ``encoder_trains`` is false where ``student.trainable`` is ``head`` (no backward through the encoder)."""
     return distillation_flops_per_token(
         teacher_config,
         student_config,
         seq_len,
         **logit_fractions(objective, mask_probability, seq_len),
-        encoder_trains=trainable == "all",
+        encoder_trains=encoder_trains,
     )
 
 
@@ -354,7 +354,7 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
     student = describe(s_config, distiller.student)
     layers = distiller.layer_distillation
     flops = step_flops_per_token(
-        cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len, cfg.student.trainable
+        cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len, cfg.student.trainable == "all"
     )
     activations = activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len)
     memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, activations)
