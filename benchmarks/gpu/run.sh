@@ -84,7 +84,8 @@ throughput() {  # throughput() PARTS [train_throughput.py arguments]: appends to
     local parts=$1
     shift
     echo "=== throughput: $parts $* (benchmarks/gpu/train_throughput.py) ==="
-    # THROUGHPUT_ARGS: e.g. "--only distilbert-512-mb32" to repeat one case
+    # THROUGHPUT_ARGS: e.g. "--only distilbert-512-mb32" to repeat one case with `cases` (not with `session`,
+    # whose own --only it would override), or "--quick --work DIR" for the CPU dry run
     "$PY" benchmarks/gpu/train_throughput.py "$RESULTS" --data "$INPUTS" --parts "$parts" "${SESSION_ARGS[@]}" "$@" \
         ${THROUGHPUT_ARGS:-} 2>&1 | tee -a "$RESULTS/throughput.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
