@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start, for each teacher
 BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
-MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS]
+MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS] + ["minilm-a4"]  # (a) with 4 layers: toy and gpu scales
 TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if not name.endswith("-f")]
 
 
@@ -118,6 +118,8 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert "objective.ce=0" in rows[f"{family}-c"]["command"]
         assert "student.init=random" in rows[f"{family}-d"]["command"]
         assert "teacher=null" in rows[f"{family}-e"]["command"]
+    assert "student.num_layers=4" in rows["minilm-a4"]["command"]
+    assert rows["minilm-a4"]["encoder_params"] > rows["minilm-a"]["encoder_params"]  # 4 of MiniLM's layers, not 3
     # MiniLM's head was fitted through the real launcher without changing one value of its encoder.
     assert "benchmarks/quality/ablation/head-toy.yaml" in rows["minilm"]["command"]  # student.trainable: head
     fitted = load_file(out / "minilm-head" / "student" / "model.safetensors")
