@@ -73,6 +73,11 @@ LOSSES = "losses"
 HEADLINE = "headline"  # --only's name for the first case of the list
 
 
+def timed_out(timeout: float) -> str:
+    """The rc of a run killed at ``timeout``: its own limit, or the deadline (then measured again later)."""
+    return "timeout" if timeout >= CASE_TIMEOUT else STOPPED
+
+
 @dataclass
 class Case:
     name: str
@@ -201,7 +206,7 @@ def run_case(
             proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout" if timeout >= CASE_TIMEOUT else STOPPED
+            rc = timed_out(timeout)
     result: dict[str, Any] = {**asdict(case), "rc": rc, "wall_s": time.perf_counter() - started}
     if rc != 0:
         result["error"] = log_path.read_text()[-2000:]
@@ -217,7 +222,7 @@ def json_result(command: list[str], timeout: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": "timeout" if timeout >= CASE_TIMEOUT else STOPPED, "rc": STOPPED}
+        return {"error": timed_out(timeout), "rc": timed_out(timeout)}
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     return json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -359,28 +364,27 @@ def main() -> int:
         if "error" in result:
             print(result["error"], file=sys.stderr, flush=True)
 
-    skipped = []
-    for case in cases:
-        if wanted(case.name, "cases"):
-            if timeout := time_left():
-                record("cases", run_case(case, teacher, args.data, args.work, peak, timeout))
-            else:
-                skipped.append(case.name)
+    skipped: list[str] = []
+
+    def may_start(name: str, part: str) -> float:
+        """Seconds ``name`` may run, or 0: not wanted, or too close to the deadline (then noted as not started)."""
+        if not wanted(name, part):
+            return 0
+        if not (timeout := time_left()):
+            skipped.append(name)
+        return timeout
+
     data = args.data / ("data-128" if args.quick else "data-512")
     teacher_config = teacher if args.quick else args.teacher_config
-    for variant in STEP_VARIANTS:
-        if wanted(variant, "steps"):
-            if timeout := time_left():
-                command = step_command(variant, teacher_config, tokenizer, data, args.quick)
-                record("steps", {"name": variant, "args": STEP_VARIANTS[variant], **json_result(command, timeout)})
-            else:
-                skipped.append(variant)
-    if wanted(LOSSES, "steps"):
-        if timeout := time_left():
-            report["losses"] = json_result(losses_command(args.quick), timeout)
-            save()
-        else:
-            skipped.append(LOSSES)
+    for case in cases:
+        if timeout := may_start(case.name, "cases"):
+            record("cases", run_case(case, teacher, args.data, args.work, peak, timeout))
+    for name, extra in STEP_VARIANTS.items():
+        if timeout := may_start(name, "steps"):
+            command = step_command(name, teacher_config, tokenizer, data, args.quick)
+            record("steps", {"name": name, "args": extra, **json_result(command, timeout)})
+    if timeout := may_start(LOSSES, "steps"):
+        report["losses"] = json_result(losses_command(args.quick), timeout)
     report["not_started"] = skipped  # by this call: the next --append call measures them
     save()
     print(markdown(report))
