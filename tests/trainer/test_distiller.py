@@ -250,6 +250,8 @@ def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     assert graphs[0] > 0, "nothing was compiled: the step calls other modules than those compiled"
     assert graphs[0] == graphs[-1], f"recompiled on later steps: {graphs}"
+    if objective.tinybert.attention:  # without hook guards torch 2.11 skipped the teacher's hooks (KeyError above)
+        assert torch._dynamo.config.skip_nnmodule_hook_guards is False
     for name, value in expected.items():
         assert out[name].item() == pytest.approx(value.item(), rel=1e-4, abs=1e-6), name
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
