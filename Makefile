@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv floor-venv
+.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,18 +53,13 @@ gpu-wheels: setup
 gpu-data: setup
 	PY=$(PY) bash benchmarks/gpu/data.sh
 
-# CPU venvs with other library versions than .venv, for running the suite against them (docs/benchmarks.md,
-# "Before a GPU session"): the GPU machine's (KINDS.md's pip list of its 'cuda' image; its numpy 2.5.2 is
-# not on the index here), and older ones for trying a lower floor in pyproject.toml: torch 2.6 + transformers
-# 5.0 failed seven tests (docs/benchmarks.md). Git-ignored; about 4.6 GB each (CUDA torch).
-GPU_PINS   := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
-FLOOR_PINS := torch==2.6.0 transformers==5.0.0 tokenizers==0.22.1
+# A CPU venv with the GPU machine's library versions (KINDS.md's pip list of its 'cuda' image; its numpy 2.5.2
+# is not on the index here), for running the suite against them (docs/benchmarks.md, "Before a GPU session").
+# Git-ignored; about 4.6 GB (CUDA torch). They are also pyproject.toml's floors: the oldest the suite passed on.
+GPU_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
 
 gpu-venv: gpu-wheels
 	PY=$(PY) bash benchmarks/pinned_venv.sh .gpu-venv $(GPU_PINS)
-
-floor-venv: gpu-wheels
-	PY=$(PY) REST=latest bash benchmarks/pinned_venv.sh .floor-venv $(FLOOR_PINS)
 
 # The gpu-scale ablation's luggage (docs/quality.md, "The gpu scale on the offline GPU machine"): the
 # dataset made here by the real Beam pipeline, all-MiniLM-L6-v2 in float16 and the wheels, in .gpu-ablation/.

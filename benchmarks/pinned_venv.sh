@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A CPU virtual environment with chosen versions of some libraries and this checkout's .venv versions of
 # everything else:  bash benchmarks/pinned_venv.sh DEST NAME==VERSION [NAME==VERSION ...]
-#   make gpu-venv     the GPU machine's torch and transformers, in .gpu-venv/
-#   make floor-venv   an older torch and transformers (a candidate lower floor for pyproject.toml), in .floor-venv/
-# (both git-ignored). The test suite and the GPU path's dry runs then run against those versions
+#   make gpu-venv     the GPU machine's torch and transformers, in .gpu-venv/ (git-ignored)
+#   REST=latest ... .floor-venv torch==2.6.0 transformers==5.0.0 tokenizers==0.22.1
+#                     a candidate lower floor for pyproject.toml (in a clone whose floors admit it) The test suite and the GPU path's dry runs then run against those versions
 # (docs/benchmarks.md, "Before a GPU session"): code that only the .venv's versions ran can stop on an API
 # that came later, on a device call (the scarcest thing this project has) or on a user's cluster.
 #
