@@ -459,7 +459,10 @@ def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_datase
     the system picked for it (trainer.runtime.engine)."""
     from helpers import minilm_dir
 
+    # No tracking: the preset's register_as would track (and register) even with enabled=false, into the default
+    # store in the working directory, the checkout.
     overrides = ("max_steps=4", "eval.every_steps=4", "checkpoint.every_steps=4", "mlflow.enabled=false")
+    overrides += ("mlflow.register_as=null", "mlflow.alias=null")
     runs = []
     for name in ("first", "second"):
         out = tmp_path / name
