@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A CPU virtual environment with chosen versions of some libraries and this checkout's .venv versions of
-# everything else:  bash benchmarks/pinned_venv.sh DEST NAME==VERSION [NAME==VERSION ...]
-#   make gpu-venv     the GPU machine's torch and transformers, in .gpu-venv/ (git-ignored)
-#   REST=latest ... .floor-venv torch==2.6.0 transformers==5.0.0 tokenizers==0.22.1
-#                     a candidate lower floor for pyproject.toml (in a clone whose floors admit it) The test suite and the GPU path's dry runs then run against those versions
-# (docs/benchmarks.md, "Before a GPU session"): code that only the .venv's versions ran can stop on an API
-# that came later, on a device call (the scarcest thing this project has) or on a user's cluster.
+# A CPU virtual environment with chosen versions of some libraries:
+#   bash benchmarks/pinned_venv.sh DEST NAME==VERSION [NAME==VERSION ...]
+#   make gpu-venv   the GPU machine's torch and transformers, in .gpu-venv/ (git-ignored)
+#   REST=latest bash benchmarks/pinned_venv.sh .floor-venv torch==2.6.0 transformers==5.0.0 tokenizers==0.22.1
+#                   a candidate lower floor for pyproject.toml (in a clone whose floors admit it)
+# The test suite and the GPU path's dry runs then run against those versions (docs/benchmarks.md, "Before a
+# GPU session"): code that only the .venv's versions ran can stop on an API that came later, on a device call
+# (the scarcest thing this project has) or on a user's cluster.
 #
 # * torch: PyPI's Linux wheel is the CUDA build (about 4.6 GB installed with its nvidia-* libraries); it runs
 #   on a machine without a GPU as a CPU build does, which is how an exact torch is tested here.
@@ -27,8 +28,8 @@ case $REST in freeze | latest) ;; *) echo "pinned_venv.sh: REST must be freeze o
 
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
-pinned=$(printf '%s\n' "$@" | sed 's/==.*//' | tr 'A-Z_' 'a-z-' | paste -sd'|')
 if [ "$REST" = freeze ]; then
+    pinned=$(printf '%s\n' "$@" | sed 's/==.*//' | tr 'A-Z_' 'a-z-' | paste -sd'|')
     # The .venv's freeze, less this checkout itself and less what is pinned (names compared lower-case, - for _).
     "$PY" -m pip freeze --exclude-editable | grep -v '^encoder-distill' |
         awk -F'==' -v pinned="^($pinned)\$" '{name = tolower($1); gsub("_", "-", name); if (name !~ pinned) print}' \
