@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv
+.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ GPU_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizer
 
 gpu-venv: gpu-wheels
 	PY=$(PY) bash benchmarks/pinned_venv.sh .gpu-venv $(GPU_PINS)
+
+# The GPU machine's Python 3.12.3 and its packages only (no deepspeed, webdataset, mlflow, ...), for
+# rehearsing a device call on this CPU machine with the carried wheels installed as the device installs
+# them (docs/benchmarks.md, "Before a GPU session"). Git-ignored; about 5.3 GB.
+device-venv: setup
+	PY=$(PY) bash benchmarks/gpu/device_venv.sh .device-venv
 
 # The gpu-scale ablation's luggage (docs/quality.md, "The gpu scale on the offline GPU machine"): the
 # dataset made here by the real Beam pipeline, all-MiniLM-L6-v2 in float16 and the wheels, in .gpu-ablation/.
