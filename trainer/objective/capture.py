@@ -17,9 +17,8 @@ exported or saved model carries no trace of them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 from torch import nn
@@ -71,21 +70,29 @@ def capture(model: nn.Module, spec: CaptureSpec) -> Iterator[Captured]:
     captured = Captured()
     handles = []
 
-    def on_output(module: nn.Module, put: Callable[[torch.Tensor], None]) -> None:
+    def on_output(module: nn.Module, field: str, index: int | None = None) -> None:
+        """Record ``module``'s output as ``captured.<field>`` (or ``captured.<field>[index]``)."""
+
+        # Plain assignments, not functools.partial of setattr or dict.__setitem__: torch 2.11's Dynamo cannot
+        # trace a partial of those builtins and broke the compiled encoder's graph at every hook.
         def hook(module: nn.Module, args: tuple, output: torch.Tensor | tuple) -> None:
-            put(output[0] if isinstance(output, tuple) else output)
+            tensor = output[0] if isinstance(output, tuple) else output
+            if index is None:
+                setattr(captured, field, tensor)
+            else:
+                getattr(captured, field)[index] = tensor
 
         handles.append(module.register_forward_hook(hook))
 
     try:
         if spec.embeddings:
-            on_output(embeddings, partial(setattr, captured, "embeddings"))
+            on_output(embeddings, "embeddings")
         for index in spec.hidden:
-            on_output(layers[index], partial(captured.hidden.__setitem__, index))
+            on_output(layers[index], "hidden", index)
         for index in spec.qkv:
             attention = layers[index].attention.self
             for name in ("query", "key", "value"):
-                on_output(getattr(attention, name), partial(getattr(captured, name).__setitem__, index))
+                on_output(getattr(attention, name), name, index)
         yield captured
     finally:
         for handle in handles:

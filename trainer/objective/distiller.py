@@ -159,8 +159,9 @@ class Distiller(nn.Module):
             # The capture hooks (objective/capture.py) differ between student and teacher, which run the
             # same code (BertLayer.forward, ...), and come and go every step. Dynamo skips guards on module
             # hooks by default; torch 2.11 then ran the teacher's layers without their hooks (nothing
-            # captured: a KeyError in the layer losses). With the guards, 2.11 and 2.13 both capture right
-            # and neither recompiles after the first step (docs/benchmarks.md, "Before a GPU session").
+            # captured: a KeyError in the layer losses), with the hooks of that time. With the guards, 2.11 and
+            # 2.13 both capture right and neither recompiles after the first step (docs/benchmarks.md, "Before
+            # a GPU session"): a guard that costs nothing is kept rather than trusting each version's default.
             from torch._dynamo import config as dynamo_config
 
             dynamo_config.skip_nnmodule_hook_guards = False
