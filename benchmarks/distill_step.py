@@ -221,7 +221,9 @@ class MasterWeights:
     def step(self) -> None:
         if self.masters is not self.params:
             for master, param in zip(self.masters, self.params, strict=True):
-                master.grad = param.grad.float()
+                # None where no loss reached the parameter (the student's MLM head under TinyBERT's or
+                # MiniLM's layer losses alone): AdamW then leaves it untouched
+                master.grad = None if param.grad is None else param.grad.float()
         self.optimizer.step()
         if self.masters is not self.params:
             torch._foreach_copy_(self.params, self.masters)
