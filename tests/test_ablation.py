@@ -29,6 +29,11 @@ MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS] + ["minilm-a4"]  # (a) with 
 TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if not name.endswith("-f")]
 
 
+def table_rows(markdown: str) -> list[str]:
+    """The model rows of an ablation.md ("| family | name: variant | ..."), without the notes below them."""
+    return [line for line in markdown.splitlines() if line.startswith("| ") and ": " in line.split(" | ")[1]]
+
+
 @pytest.mark.integration
 def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     corpora = tmp_path / "corpora"  # two files, as in ../shared/corpora; the script slices 20 documents of each
@@ -82,9 +87,17 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + (returned / "ablation.log").read_text()[-4000:]
     assert proc.stdout.startswith("# gpu_run.sh all (scale toy): finished")
-    assert {p.name for p in returned.iterdir()} == {
-        *("progress.md", "runs.tsv", "ablation.json", "ablation.md", "ablation.log", "logs.txt", "versions.txt")
+    assert {p.name for p in returned.iterdir()} == {  # 8 files: what one device call can return
+        *("progress.md", "runs.tsv", "ablation-bert.json", "ablation-minilm.json", "ablation.md"),
+        *("ablation.log", "logs.txt", "versions.txt"),
     }
+    # gpu_run.sh runs ABLATION_JOBS=4 steps at once: the two teachers' runs start together, never more than 4.
+    running = peak = 0
+    for line in (returned / "ablation.log").read_text().splitlines():
+        running += line.startswith("=== ") and line.endswith(" started ===")
+        running -= line.startswith("=== ") and " done in " in line
+        peak = max(peak, running)
+    assert 2 <= peak <= 4
     out = tmp_path / "state" / "all-toy"
     assert (out / "data").resolve() == (tmp_path / "state" / "dataset" / "data").resolve()
 
@@ -138,18 +151,16 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for step in ("preprocess", "teacher", "minilm-head", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm"):
         assert f"| {step} | " in table
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
-    assert (returned / "ablation.md").read_text() == table
+    assert "Steps ran up to 4 at a time" in table
 
-    # The GPU campaign runs one family per device call; --merge joins the parts into the same rows.
-    parts = []
-    for family in ("minilm", "bert"):
-        part = {**report, "rows": [row for row in report["rows"] if row["family"] == family]}
-        parts.append(tmp_path / f"{family}.json")
-        parts[-1].write_text(json.dumps(part))
+    # The call returned a report per family; --merge joins them here into the whole run's rows, as it joins
+    # the reports of calls that each ran one family.
     merged_dir = tmp_path / "merged"
-    report_script = quality / "ablation_report.py"
-    merge = [sys.executable, str(report_script), str(merged_dir), "--merge", *map(str, parts)]
+    parts = [returned / "ablation-minilm.json", returned / "ablation-bert.json"]
+    merge = [sys.executable, str(quality / "ablation_report.py"), str(merged_dir), "--merge", *map(str, parts)]
     subprocess.run(merge, env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
     merged = json.loads((merged_dir / "ablation.json").read_text())
     assert merged["rows"] == report["rows"] and merged["steps"] == report["steps"]
-    assert len(merged["parts"]) == 2
+    assert len(merged["parts"]) == 2 and merged["invocations"] == 1  # one call: its time counted once
+    assert table_rows((merged_dir / "ablation.md").read_text()) == table_rows(table)
+    assert (returned / "ablation.md").read_text() == (merged_dir / "ablation.md").read_text()

@@ -15,6 +15,12 @@
 #   ABLATION_FAMILIES  the teacher families to train and score, "bert minilm" (default), "bert" or
 #                      "minilm"; the report then has those rows alone (ablation_report.py --merge joins parts)
 #   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
+#   ABLATION_JOBS      steps 2-5 that run at once (default 1: one after another). A step starts as soon as
+#                      what it needs is done: MiniLM's students while the BERT teacher still trains. On one
+#                      GPU, N small runs overlap one another's start-up, loading and export and fill the
+#                      gaps between one another's kernels; their `train s` then counts the shared device.
+#                      A failed step starts nothing new; the steps already running finish (and are recorded,
+#                      for ABLATION_RESUME), then the script exits 1 naming it.
 #
 # 1. slice the corpora (toy: the first documents of each file; cpu, gpu: all of them) and preprocess
 #    them with the Beam pipeline (`python -m preprocessing`, bert-base-uncased vocabulary)
@@ -84,6 +90,8 @@ family() { [[ " ${FAMILIES[*]} " == *" $1 "* ]]; }  # family NAME: is this famil
 for name in "${FAMILIES[@]}"; do
     case $name in bert | minilm) ;; *) echo "ablation.sh: unknown family '$name' (bert, minilm)" >&2; exit 2 ;; esac
 done
+source benchmarks/quality/pool.sh  # steps 2-5 run through it, ABLATION_JOBS at a time
+pool_init "${ABLATION_JOBS:-1}" ABLATION_JOBS
 PREBUILT=${ABLATION_DATA:+$(cd "$ABLATION_DATA" && pwd)}
 if [ -n "$PREBUILT" ]; then
     [ -f "$PREBUILT/manifest.json" ] || { echo "ablation.sh: ABLATION_DATA '$PREBUILT' has no manifest.json" >&2; exit 2; }
@@ -104,7 +112,8 @@ RUNS="$OUT/runs.tsv"  # name, teacher, variant, seconds, command: read by ablati
 [ -s "$RUNS" ] || printf 'name\tteacher\tvariant\tseconds\tcommand\n' >"$RUNS"
 started=$SECONDS
 
-# run NAME TEACHER VARIANT COMMAND...: run it, log its output to logs/NAME.log, record its time.
+# run NAME TEACHER VARIANT COMMAND...: run it, log its output to logs/NAME.log, record its time. Each
+# message is one write, so that steps running at once (ABLATION_JOBS) do not interleave within a line.
 run() {
     local name=$1 teacher=$2 variant=$3
     shift 3
@@ -112,17 +121,22 @@ run() {
         printf '\n=== %s: done earlier (%s), kept ===\n' "$name" "$RUNS"
         return
     fi
-    printf '\n=== %s (%s) ===\n%s\n' "$name" "$variant" "$*"
+    printf '\n=== %s (%s) started ===\n%s\n' "$name" "$variant" "$*"
     local t0=$SECONDS
     if ! "$@" >"$OUT/logs/$name.log" 2>&1; then
-        tail -n 40 "$OUT/logs/$name.log" >&2
-        echo "ablation.sh: step '$name' failed; its log: $OUT/logs/$name.log" >&2
+        printf '%s\nablation.sh: step %s failed; its log: %s\n' "$(tail -n 40 "$OUT/logs/$name.log")" "$name" \
+            "$OUT/logs/$name.log" >&2
         exit 1
     fi
-    grep -E '^step [0-9]+/[0-9]+ \| (loss|student_mlm)|masked-LM accuracy|^[a-z].* \| .*share|written to' \
-        "$OUT/logs/$name.log" | tail -n 4 || true
+    printf '\n=== %s: done in %s s ===\n%s\n' "$name" $((SECONDS - t0)) "$(grep -E \
+        '^step [0-9]+/[0-9]+ \| (loss|student_mlm)|masked-LM accuracy|^[a-z].* \| .*share|written to' \
+        "$OUT/logs/$name.log" | tail -n 4)"
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$teacher" "$variant" $((SECONDS - t0)) "$*" >>"$RUNS"
 }
+
+# Steps 2-5 go through the pool of ABLATION_JOBS slots (above): `start` runs a step in the background once a
+# slot is free, `pool_await NAME...` returns once those steps have ended.
+start() { pool_start "$1" run "$@"; }  # start NAME TEACHER VARIANT COMMAND...: run, in a free slot
 
 # The second teacher and the tokenizer of everything: all-MiniLM-L6-v2 ships with the bert-base-uncased
 # vocabulary, so one dataset serves both teachers.
@@ -172,7 +186,7 @@ MINILM_TEACHER="$OUT/minilm-head/student"  # MiniLM with the head step 4 fits: t
 train() {  # train NAME TEACHER_LABEL VARIANT CONFIG key=value...
     local name=$1 teacher=$2 variant=$3 config=$4
     shift 4
-    run "$name" "$teacher" "$variant" "${LAUNCH[@]}" launch/run.sh "$config" \
+    start "$name" "$teacher" "$variant" "${LAUNCH[@]}" launch/run.sh "$config" \
         data="$OUT/data" output_dir="$OUT/$name" "$@"
 }
 half_depth() {  # the student's depth: half its teacher's, as init=from_teacher chooses by default
@@ -201,35 +215,47 @@ distil() {
     done
 }
 
-if family bert; then
-    # 2. The teacher: masked-LM pretraining from scratch, no teacher. 3. Its students.
-    train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
-    distil bert "$OUT/teacher/student" "${VARIANTS[@]}"
-fi
+# 2. The BERT teacher: masked-LM pretraining from scratch, no teacher.
+family bert && train teacher - "teacher (L_mlm pretraining)" "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM"
 
 # 4. all-MiniLM-L6-v2 has no masked-LM head: one is fitted to its frozen encoder first (L_mlm alone,
 #    student.trainable=head), which gives it logits without changing one weight of what it computes;
 #    its students then copy that head with its layers, as DistilBERT's do. MINILM_VARIANTS: per scale.
+#    The head is the shorter of the two teachers' runs, so its students start first.
 if family minilm; then
     train minilm-head - "all-MiniLM-L6-v2, its masked-LM head fitted here (encoder frozen)" "$CONF/head-$SCALE.yaml" \
         tokenizer="$MINILM" student.model="$MINILM"
+    pool_await minilm-head
     distil minilm "$MINILM_TEACHER" "${MINILM_VARIANTS[@]}"
+fi
+# 3. The BERT teacher's students.
+if family bert; then
+    pool_await teacher
+    distil bert "$OUT/teacher/student" "${VARIANTS[@]}"
 fi
 BERT_STUDENTS=("${VARIANTS[@]/#/$OUT/bert-}")
 MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
 
-# 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family.
+# 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family, each as
+#    soon as that family's students are done.
 #    MiniLM's students are compared with MiniLM as shipped (its pooler too) in the suite, and with
 #    MiniLM + its fitted head, the teacher they were distilled from, in the masked-LM figures.
-family bert && run mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-    "${BERT_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$OUT/teacher/student" "${MLM[@]}" output="$OUT/mlm-bert.json"
-family minilm && run mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-    "${MINILM_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$MINILM_TEACHER" "${MLM[@]}" output="$OUT/mlm-minilm.json"
-family bert && run suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$OUT/teacher/student" \
-    "${BERT_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
-family minilm && run suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" \
-    "${MINILM_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+if family minilm; then
+    pool_await "${MINILM_VARIANTS[@]/#/minilm-}"
+    start mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+        "${MINILM_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$MINILM_TEACHER" "${MLM[@]}" output="$OUT/mlm-minilm.json"
+    start suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" \
+        "${MINILM_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+fi
+if family bert; then
+    pool_await "${VARIANTS[@]/#/bert-}"
+    start mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
+        "${BERT_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$OUT/teacher/student" "${MLM[@]}" output="$OUT/mlm-bert.json"
+    start suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$OUT/teacher/student" \
+        "${BERT_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
+fi
+pool_finish
 
 # 6. The table.
 "$PYTHON" benchmarks/quality/ablation_report.py "$OUT" --scale "$SCALE" --corpora "$CORPORA" \
-    --families "${FAMILIES[@]}" --wall-seconds $((SECONDS - started))
+    --families "${FAMILIES[@]}" --wall-seconds $((SECONDS - started)) --jobs "$POOL_JOBS"

@@ -1,17 +1,18 @@
 """The ablation's table, from what ``benchmarks/quality/ablation.sh`` left in its output directory.
 
-    python benchmarks/quality/ablation_report.py OUT --scale cpu --corpora DIR --wall-seconds N [--families F...]
+    python benchmarks/quality/ablation_report.py OUT --scale cpu --corpora DIR --wall-seconds N
+        [--families F...] [--jobs N] [--into DIR]
     python benchmarks/quality/ablation_report.py OUT --merge PART/ablation.json PART/ablation.json
 
 Reads ``runs.tsv`` (each step's command and time), each training run's ``metrics.jsonl`` (sequences
 seen), each model's weights (parameter counts), ``mlm-<family>.json`` (``python -m trainer
 evaluate-mlm``) and ``suite-<family>.json`` (``python -m trainer evaluate-suite``), and writes
-``ablation.json`` and ``ablation.md`` (atomically): one row per model — the teacher first, then its
-students — with held-out masked-LM accuracy and perplexity, top-1 agreement with the teacher, the
-suite's task scores and average, and the share of the teacher's average. ``--families`` limits the
-rows to the families a run trained (``ABLATION_FAMILIES``); ``--merge`` joins such parts' reports, made
-by separate runs on the same dataset (the GPU campaign runs one family per device call), into one
-``OUT/ablation.json`` and ``ablation.md``.
+``ablation.json`` and ``ablation.md`` (atomically, into OUT or the ``--into`` folder): one row per
+model — the teacher first, then its students — with held-out masked-LM accuracy and perplexity, top-1
+agreement with the teacher, the suite's task scores and average, and the share of the teacher's
+average. ``--families`` limits the rows to those families (``ABLATION_FAMILIES``, or one family's
+report while the other still runs: ``gpu_run.sh``); ``--merge`` joins such reports, made on the same
+dataset, into one ``OUT/ablation.json`` and ``ablation.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def tokens_seen(run_dir: Path, seq_len: int) -> tuple[int, float]:
     return int(last["train/samples"]) * seq_len, float(last["train/elapsed_s"])
 
 
-def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str]) -> dict[str, Any]:
+def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str], jobs: int) -> dict[str, Any]:
     with (out / "runs.tsv").open(encoding="utf-8") as f:
         steps = list(csv.DictReader(f, delimiter="\t"))
     manifest = json.loads((out / "data" / "manifest.json").read_text())
@@ -125,14 +126,17 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
         "rows": rows,
         "steps": steps,
+        "output": str(out.resolve()),  # with wall_seconds, which invocation this was: merge counts each once
         "wall_seconds": wall_seconds,
+        "jobs": jobs,  # steps run at once (ABLATION_JOBS): over 1, step and training seconds overlap
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg()},
     }
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One report from the parts' reports: rows in family order, every part's steps (the dataset's step
-    once: the parts share it), the parts' wall times summed, each part's machine."""
+    once: the parts share it), the wall times of the parts' invocations summed (two families' reports of
+    one invocation count it once), each part's machine."""
     if len({json.dumps(p["dataset"], sort_keys=True) for p in parts}) != 1:
         raise SystemExit("ablation_report.py --merge: the parts were not run on the same dataset")
     ordered = sorted(parts, key=lambda p: list(FAMILIES).index(p["rows"][0]["family"]))
@@ -142,13 +146,19 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             if step["name"] not in seen:
                 seen.add(step["name"])
                 steps.append(step)
+    invocations = {part.get("output", i): part["wall_seconds"] for i, part in enumerate(ordered)}
     return {
         **ordered[0],
         "rows": [row for part in ordered for row in part["rows"]],
         "steps": steps,
-        "wall_seconds": sum(p["wall_seconds"] for p in ordered),
+        "wall_seconds": sum(invocations.values()),
+        "invocations": len(invocations),
         "machine": ordered[0]["machine"],
-        "parts": [{"families": sorted({r["family"] for r in p["rows"]}), "machine": p["machine"]} for p in ordered],
+        "jobs": max(p.get("jobs", 1) for p in ordered),
+        "parts": [
+            {"families": sorted({r["family"] for r in p["rows"]}), "machine": p["machine"], "jobs": p.get("jobs", 1)}
+            for p in ordered
+        ],
     }
 
 
@@ -199,7 +209,15 @@ def markdown(report: dict[str, Any]) -> str:
     data = report["dataset"]
     suite = report["suite_config"]
     parts = report.get("parts")
-    invocation = f"the {len(parts)} parts' last invocations" if parts else "the script's last invocation"
+    calls = report.get("invocations", len(parts or []))
+    invocation = f"the parts' {calls} last invocations" if calls > 1 else "the script's last invocation"
+    jobs = report.get("jobs", 1)
+    overlap = (
+        f" Steps ran up to {jobs} at a time (ABLATION_JOBS): their seconds overlap, and a training's "
+        "`train s` counts a device it shared."
+        if jobs > 1
+        else ""
+    )
     notes = [
         "",
         f"Scale `{report['scale']}`; corpora {report['corpora']}: {data['documents']} documents, "
@@ -209,7 +227,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Steps: "
         f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; {invocation}: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).",
+        f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).{overlap}",
         "",
         "| step | seconds | command |",
         "|---|---|---|",
@@ -226,19 +244,22 @@ def main() -> None:
     parser.add_argument("--corpora")
     parser.add_argument("--wall-seconds", type=int)
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--jobs", type=int, default=1, help="steps the script ran at once (ABLATION_JOBS)")
+    parser.add_argument("--into", type=Path, help="write the report here instead of OUT (a report per family)")
     args = parser.parse_args()
+    into = args.into or args.out
     if args.merge:
         report = merge([json.loads(path.read_text()) for path in args.merge])
-        args.out.mkdir(parents=True, exist_ok=True)
     elif args.scale and args.corpora and args.wall_seconds is not None:
-        report = build(args.out, args.scale, args.corpora, args.wall_seconds, args.families)
+        report = build(args.out, args.scale, args.corpora, args.wall_seconds, args.families, args.jobs)
     else:
         parser.error("--scale, --corpora and --wall-seconds are required without --merge")
-    write_text_atomically(args.out / "ablation.json", json.dumps(report, indent=2) + "\n")
+    into.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(into / "ablation.json", json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    write_text_atomically(args.out / "ablation.md", table)
+    write_text_atomically(into / "ablation.md", table)
     print(table)
-    print(f"written to {args.out / 'ablation.json'} and {args.out / 'ablation.md'}")
+    print(f"written to {into / 'ablation.json'} and {into / 'ablation.md'}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The gpu-scale ablation on the offline GPU machine, one teacher family per device call:
-#   bash benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all
-# Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each part is
+# The gpu-scale ablation on the offline GPU machine, in one device call or one teacher family per call:
+#   bash benchmarks/quality/gpu_run.sh OUTDIR all|bert|minilm
+# Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each family is
 # self-contained: `bert` pretrains the teacher, distils (a)-(e) from it, writes (f) (its layers as (a) starts,
 # untrained) and scores them; `minilm` fits a masked-LM head to all-MiniLM-L6-v2's frozen encoder, then the
-# same (a)-(f) from it.
-# Neither needs the other's output, so a machine that went cold between two calls loses nothing (the
-# pretrained teacher, 35M parameters, is too big to bring back and carry again). `all` runs both, for a
-# machine without the 10-minute limit.
+# same (a)-(f) from it. Neither needs the other's output, so a machine that went cold between two calls loses
+# nothing (the pretrained teacher, 35M parameters, is too big to bring back and carry again). `all` runs both
+# side by side: ABLATION_JOBS (default here 4) steps share the GPU at once (ablation.sh), MiniLM's first.
 #
 # On the device, under runs/gpu-ablation/ (git-ignored: kept while the machine stays warm; the carried
 # folder itself is replaced by every call), once each, then skipped:
@@ -18,29 +17,32 @@
 #      still be copied). The guard stops every process of the run; calling this again on the warm machine
 #      continues: finished steps (runs.tsv) are skipped, an interrupted training resumes from its last
 #      checkpoint (in the same output_dir), an interrupted evaluation starts again.
-# OUTDIR receives (7 files; the device tool returns 8 at most): progress.md (what is done, what runs
-# next), runs.tsv, ablation.json and ablation.md once the part finished, ablation.log (the script's
-# output), logs.txt (the last lines of every step's log) and versions.txt.
+# OUTDIR receives (8 files at most, what the device tool returns): progress.md (what is done, what was
+# running), runs.tsv, ablation-FAMILY.json for each family whose scores are done (also when the guard
+# stopped the other) and ablation.md (their table), ablation.log (the script's output), logs.txt (the last
+# lines of every step's log) and versions.txt. Back here, `ablation_report.py OUT --merge FILES` joins them.
 # The CPU dry run (tests/test_ablation.py): ABLATION_SCALE=toy SKIP_WHEELS=1 GPU_ABLATION_INPUTS=DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUTDIR=${1:?usage: benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all}
-PART=${2:?usage: benchmarks/quality/gpu_run.sh OUTDIR bert|minilm|all}
+OUTDIR=${1:?usage: benchmarks/quality/gpu_run.sh OUTDIR all|bert|minilm}
+PART=${2:?usage: benchmarks/quality/gpu_run.sh OUTDIR all|bert|minilm}
 case $PART in
     bert | minilm) FAMILIES=$PART ;;
     all) FAMILIES="bert minilm" ;;
-    *) echo "gpu_run.sh: unknown part '$PART' (bert, minilm, all)" >&2; exit 2 ;;
+    *) echo "gpu_run.sh: unknown part '$PART' (all, bert, minilm)" >&2; exit 2 ;;
 esac
 BUDGET_S=${GPU_RUN_BUDGET_S:-540}
 SCALE=${ABLATION_SCALE:-gpu}
 INPUTS=${GPU_ABLATION_INPUTS:-.gpu-ablation}
 STATE=${GPU_ABLATION_STATE:-runs/gpu-ablation}
 export PY=${PYTHON:-python3} PYTHON=${PYTHON:-python3}
+export ABLATION_JOBS=${ABLATION_JOBS:-4}  # small models at 128 tokens: one run alone leaves the GPU idle between kernels
 mkdir -p "$OUTDIR" "$STATE"
 STATE=$(cd "$STATE" && pwd)
 RUN="$STATE/$PART-$SCALE"  # ablation.sh's output directory for this part
 
 source benchmarks/gpu/wheels_env.sh "$INPUTS/wheels" || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the report below imports this repository's common/
 {
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
@@ -59,12 +61,13 @@ if [ ! -d "$STATE/minilm" ]; then
 fi
 echo "inputs ready after $SECONDS s" >>"$OUTDIR/versions.txt"
 
+CORPORA_LABEL="../shared/corpora, preprocessed before the run by gpu_prepare.sh"
 # The run, stopped by `timeout` (TERM to the whole process group: the launcher and its ranks too, then KILL
 # 15 s later) before the device's own limit.
 left=$((BUDGET_S - SECONDS))
 ABLATION_OUTPUT=$RUN ABLATION_RESUME=1 ABLATION_FAMILIES=$FAMILIES ABLATION_DATA=$STATE/dataset/data \
     ABLATION_MINILM=$STATE/minilm timeout -k 15 "$left" \
-    bash benchmarks/quality/ablation.sh "$SCALE" "../shared/corpora, preprocessed before the run by gpu_prepare.sh" \
+    bash benchmarks/quality/ablation.sh "$SCALE" "$CORPORA_LABEL" \
     >"$OUTDIR/ablation.log" 2>&1
 status=$?
 case $status in
@@ -74,7 +77,22 @@ case $status in
 esac
 
 cp "$RUN/runs.tsv" "$OUTDIR/" 2>/dev/null
-[ "$status" = 0 ] && cp "$RUN/ablation.json" "$RUN/ablation.md" "$OUTDIR/"
+# Each family whose scores are done gets its own report, also when the guard stopped the run: the device
+# keeps nothing, and a family finished is a family that need not run again.
+done_families=()
+for family in $FAMILIES; do
+    if [ -f "$RUN/mlm-$family.json" ] && [ -f "$RUN/suite-$family.json" ] &&
+        "$PY" benchmarks/quality/ablation_report.py "$RUN" --scale "$SCALE" --corpora "$CORPORA_LABEL" \
+            --wall-seconds "$SECONDS" --families "$family" --jobs "$ABLATION_JOBS" --into "$RUN/report-$family" \
+            >/dev/null; then
+        cp "$RUN/report-$family/ablation.json" "$OUTDIR/ablation-$family.json"
+        done_families+=("ablation-$family.json")
+    fi
+done
+if [ ${#done_families[@]} -gt 0 ]; then  # their table, as it will read once merged here
+    "$PY" benchmarks/quality/ablation_report.py "$RUN/report" --merge "${done_families[@]/#/$OUTDIR/}" >/dev/null &&
+        cp "$RUN/report/ablation.md" "$OUTDIR/"
+fi
 for log in "$RUN"/logs/*.log; do
     [ -e "$log" ] && printf '\n===== %s =====\n' "$(basename "$log")" && tail -n 25 "$log"
 done >"$OUTDIR/logs.txt"
@@ -83,11 +101,18 @@ done >"$OUTDIR/logs.txt"
     echo
     echo "This call: $SECONDS s. Steps done (runs.tsv: name, seconds):"
     awk -F'\t' 'NR > 1 {printf "- %s: %s s\n", $1, $4}' "$RUN/runs.tsv" 2>/dev/null
+    echo
+    echo "Reports returned: ${done_families[*]:-none}"
     if [ "$status" != 0 ]; then
-        # The step that was running: the newest log; its last progress line says how far it got.
-        current=$(ls -t "$RUN"/logs/*.log 2>/dev/null | head -n 1)
-        [ -n "$current" ] && echo && echo "Interrupted in $(basename "$current" .log):" &&
-            grep -E '^step [0-9]+/[0-9]+|resumed from|checkpoint' "$current" | tail -n 3
+        # The steps that were running: a log and no runs.tsv row; each log's last progress line says how far.
+        for log in "$RUN"/logs/*.log; do
+            name=$(basename "$log" .log)
+            [[ -e $log && $name != plan-* ]] || continue
+            cut -f1 "$RUN/runs.tsv" 2>/dev/null | grep -qxF "$name" && continue
+            echo
+            echo "Interrupted in $name:"
+            grep -E '^step [0-9]+/[0-9]+|resumed from|checkpoint' "$log" | tail -n 3
+        done
     fi
 } >"$OUTDIR/progress.md"
 cat "$OUTDIR/progress.md"
