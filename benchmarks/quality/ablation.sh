@@ -240,19 +240,22 @@ MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
 #    soon as that family's students are done.
 #    MiniLM's students are compared with MiniLM as shipped (its pooler too) in the suite, and with
 #    MiniLM + its fitted head, the teacher they were distilled from, in the masked-LM figures.
+score() {  # score FAMILY MLM_TEACHER SUITE_TEACHER STUDENT_RUN_DIR...
+    local family=$1 mlm_teacher=$2 suite_teacher=$3
+    shift 3
+    local students=("${@/%//student}")
+    start "mlm-$family" "$family" "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm "${students[@]}" \
+        data="$OUT/data" teacher="$mlm_teacher" "${MLM[@]}" output="$OUT/mlm-$family.json"
+    start "suite-$family" "$family" "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$suite_teacher" \
+        "${students[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-$family.json"
+}
 if family minilm; then
     pool_await "${MINILM_VARIANTS[@]/#/minilm-}"
-    start mlm-minilm minilm "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-        "${MINILM_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$MINILM_TEACHER" "${MLM[@]}" output="$OUT/mlm-minilm.json"
-    start suite-minilm minilm "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$MINILM" \
-        "${MINILM_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-minilm.json"
+    score minilm "$MINILM_TEACHER" "$MINILM" "${MINILM_STUDENTS[@]}"
 fi
 if family bert; then
     pool_await "${VARIANTS[@]/#/bert-}"
-    start mlm-bert bert "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm \
-        "${BERT_STUDENTS[@]/%//student}" data="$OUT/data" teacher="$OUT/teacher/student" "${MLM[@]}" output="$OUT/mlm-bert.json"
-    start suite-bert bert "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$OUT/teacher/student" \
-        "${BERT_STUDENTS[@]/%//student}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-bert.json"
+    score bert "$OUT/teacher/student" "$OUT/teacher/student" "${BERT_STUDENTS[@]}"
 fi
 pool_finish
 
