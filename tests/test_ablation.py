@@ -25,8 +25,9 @@ from safetensors.torch import load_file
 
 VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start, for each teacher
 BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
-MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS] + ["minilm-a4"]  # (a) with 4 layers: toy and gpu scales
-TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if not name.endswith("-f")]
+MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS] + ["minilm-a4", "minilm-f4"]  # (a), (f) with 4 layers: toy, gpu
+UNTRAINED = {"bert-f", "minilm-f", "minilm-f4"}
+TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED]
 
 
 def table_rows(markdown: str) -> list[str]:
@@ -112,8 +113,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
-        untrained = name.endswith("-f")
-        assert (row["tokens"] > 0) is not untrained, name  # MiniLM's tokens: its head's fitting
+        assert (row["tokens"] > 0) is (name not in UNTRAINED), name  # MiniLM's tokens: its head's fitting
         assert "launch/run.sh" in row["command"], name
         # Both teachers have a masked-LM head (MiniLM's fitted here): every row has masked-LM figures, and every
         # student agreement with its teacher and the hidden-state cosines.
@@ -131,8 +131,10 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert "objective.ce=0" in rows[f"{family}-c"]["command"]
         assert "student.init=random" in rows[f"{family}-d"]["command"]
         assert "teacher=null" in rows[f"{family}-e"]["command"]
-    assert "student.num_layers=4" in rows["minilm-a4"]["command"]
-    assert rows["minilm-a4"]["encoder_params"] > rows["minilm-a"]["encoder_params"]  # 4 of MiniLM's layers, not 3
+    for name in ("minilm-a4", "minilm-f4"):
+        assert "student.num_layers=4" in rows[name]["command"]
+        assert rows[name]["encoder_params"] > rows["minilm-a"]["encoder_params"]  # 4 of MiniLM's layers, not 3
+    assert rows["minilm-f4"]["tokens"] == 0 and "max_steps=0" in rows["minilm-f4"]["command"]
     # MiniLM's head was fitted through the real launcher without changing one value of its encoder.
     assert "benchmarks/quality/ablation/head-toy.yaml" in rows["minilm"]["command"]  # student.trainable: head
     fitted = load_file(out / "minilm-head" / "student" / "model.safetensors")
