@@ -4,9 +4,10 @@
 # Needs the carried .gpu-ablation/ (benchmarks/quality/gpu_prepare.sh, `make gpu-ablation`). Each family is
 # self-contained: `bert` pretrains the teacher, distils (a)-(e) from it, writes (f) (its layers as (a) starts,
 # untrained) and scores them; `minilm` fits a masked-LM head to all-MiniLM-L6-v2's frozen encoder, then the
-# same (a)-(f) from it. Neither needs the other's output, so a machine that went cold between two calls loses
-# nothing (the pretrained teacher, 35M parameters, is too big to bring back and carry again). `all` runs both
-# side by side: ABLATION_JOBS (default here 4) steps share the GPU at once (ablation.sh), MiniLM's first.
+# same (a)-(f) from it, and (a4), (f4) with 4 layers. Neither needs the other's output, so a machine that
+# went cold between two calls loses nothing (the pretrained teacher, 35M parameters, is too big to bring back
+# and carry again). `all` runs both side by side: ABLATION_JOBS (default here 4) steps share the GPU at once
+# (ablation.sh), MiniLM's first.
 #
 # On the device, under runs/gpu-ablation/ (git-ignored: kept while the machine stays warm; the carried
 # folder itself is replaced by every call), once each, then skipped:
@@ -36,7 +37,7 @@ SCALE=${ABLATION_SCALE:-gpu}
 INPUTS=${GPU_ABLATION_INPUTS:-.gpu-ablation}
 STATE=${GPU_ABLATION_STATE:-runs/gpu-ablation}
 export PY=${PYTHON:-python3} PYTHON=${PYTHON:-python3}
-export ABLATION_JOBS=${ABLATION_JOBS:-4}  # small models at 128 tokens: one run alone leaves the GPU idle between kernels
+export ABLATION_JOBS=${ABLATION_JOBS:-4}  # small models at 128 tokens: one run alone should leave the GPU idle often
 mkdir -p "$OUTDIR" "$STATE"
 STATE=$(cd "$STATE" && pwd)
 RUN="$STATE/$PART-$SCALE"  # ablation.sh's output directory for this part
