@@ -8,6 +8,10 @@ import gzip
 import importlib.util
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from types import ModuleType
 
 import pytest
@@ -87,6 +91,34 @@ def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path)
     scores = model["tasks"]["wordnet-hypernym"]
     assert list(model["tasks"]) == ["wordnet-hypernym"] and list(scores["seeds"]) == ["0", "1"]
     assert scores["spread"] == pytest.approx(max(scores["seeds"].values()) - min(scores["seeds"].values()))
+
+
+def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teacher_dir, bert_tokenizer_dir, tmp_path):
+    """``jobs=2`` through the real command: the runs go to two worker processes (the log names each run's
+    process), and every score is the one ``jobs=1`` gives with the workers' thread count, run by run and
+    to the bit (each run is seeded alone; another thread count rounds differently, in the sixth digit)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}  # what each worker gets
+    reports, pids = [], []
+    for jobs in (1, 2):
+        output = tmp_path / f"jobs{jobs}.json"
+        argv = [str(bert_tokenizer_dir), str(tiny_teacher_dir), "tasks=[debian-size,wordnet-hypernym]"]
+        argv += ["train_size=16", "valid_size=8", "seeds=[0,1]", "epochs=1", "max_seq_len=32", f"jobs={jobs}"]
+        argv += [f"output={output}", "mlflow.enabled=false"]
+        done = subprocess.run(
+            [sys.executable, "-m", "trainer", "evaluate-suite", *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        pids.append({int(pid) for pid in re.findall(r"evaluate-suite: .* \| pid (\d+)", done.stderr)})
+        reports.append(json.loads(output.read_text()))
+    assert len(pids[0]) == 1 and len(pids[1]) == 2 and not pids[0] & pids[1]
+    one, two = ({m["model"]: m["tasks"] for m in report["models"]} for report in reports)
+    assert list(one) == list(two) == [str(bert_tokenizer_dir), str(tiny_teacher_dir)]
+    for model, tasks in one.items():
+        for task, scores in tasks.items():
+            assert two[model][task]["seeds"] == scores["seeds"], (model, task)
 
 
 def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, tmp_path, capsys):

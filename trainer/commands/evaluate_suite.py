@@ -20,6 +20,14 @@ examples of each task, ``max_seq_len`` 128. Results go to ``output`` (JSON, writ
 is on, to MLflow: one run per model in experiment ``evaluate-suite`` with the task scores as
 metrics (``<task>/mean``, ``<task>/spread``, ``average``, ``share``) and the JSON as an artifact.
 The fine-tuning runs themselves are not tracked (their scores are in the suite's run).
+
+``jobs=N`` runs N fine-tunes at once, each in a worker process of its own (started fresh, not
+forked: CUDA cannot be forked). For a GPU: one small model's fine-tune leaves it idle most of the
+time (32 steps of a 20M-parameter model, between tokenising and loading), so a few share it well.
+On a CPU the workers share the cores (each gets cores / N threads) and gain little. Each run is
+seeded alone, so a score is the one ``jobs=1`` gives with as many threads as a worker has (another
+thread count rounds differently: a score may move in its sixth digit). A model's ``wall_s`` is then
+the sum of its runs' times, not the time the suite took.
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ import dataclasses
 import gzip
 import json
 import logging
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +85,7 @@ class SuiteConfig:
     batch_size: int = 32
     lr: float = 1e-4
     max_seq_len: int = 128
+    jobs: int = 1  # fine-tunes at once, each in its own worker process (for a GPU; see the module's docstring)
     output: str = "evaluate-suite.json"
     work_dir: str | None = None  # fine-tuned models and task subsets; None: a temporary directory, removed
     mlflow: SuiteMlflowConfig = field(default_factory=SuiteMlflowConfig)
@@ -91,7 +103,7 @@ class SuiteConfig:
         for key in ("train_size", "valid_size"):
             value = getattr(self, key)
             require(value is None or value >= 0, key, "must be >= 0 (0: the whole split)")
-        for key in ("epochs", "batch_size", "max_seq_len"):
+        for key in ("epochs", "batch_size", "max_seq_len", "jobs"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
 
@@ -121,17 +133,20 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="evaluate-suite.") as tmp:
         work = Path(cfg.work_dir) if cfg.work_dir else Path(tmp)
         data = {name: write_subsets(task, work / "data" / name, cfg) for name, task in tasks.items()}
-        results = []
-        for index, model in enumerate(cfg.models):
-            started, cpu_started = time.monotonic(), time.process_time()
-            local = local_model(cfg, model, work / f"model-{index}" / "base")
-            scores: dict[str, list[float]] = {name: [] for name in tasks}
-            for seed in cfg.seeds:  # seeds outermost: a run cut short has logged every task at the first seed
-                for name, task in tasks.items():
-                    out = work / f"model-{index}" / name / str(seed)
-                    scores[name].append(run_one(cfg, model, local, task, data[name], out, seed))
-            wall_s, cpu_s = time.monotonic() - started, time.process_time() - cpu_started
-            results.append({"model": model, "scores": scores, "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)})
+        local = [local_model(cfg, model, work / f"model-{index}" / "base") for index, model in enumerate(cfg.models)]
+        runs = [  # seeds outer to tasks: a suite cut short has logged every task at the first seed
+            Run(index, model, local[index], task, seed, work / f"model-{index}" / task / str(seed))
+            for index, model in enumerate(cfg.models)
+            for seed in cfg.seeds
+            for task in tasks
+        ]
+        timed = run_all(cfg, runs, tasks, data)
+    results = []
+    for index, model in enumerate(cfg.models):
+        mine = [(run, result) for run, result in zip(runs, timed, strict=True) if run.index == index]
+        scores = {name: [result["score"] for run, result in mine if run.task == name] for name in tasks}
+        totals = {key: round(sum(result[key] for _, result in mine), 1) for key in ("wall_s", "cpu_s")}
+        results.append({"model": model, "scores": scores, **totals})
     report = summarise(cfg, tasks, results)
     write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     for entry in report["models"]:
@@ -176,29 +191,71 @@ def local_model(cfg: SuiteConfig, model: str, scratch: Path) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- runs
-def run_one(
-    cfg: SuiteConfig, name: str, model: str, task: dict[str, Any], data: dict[str, Path], out: Path, seed: int
-) -> float:
-    """One fine-tuning run of ``model`` (the local directory of ``name``), or its linear probe
-    (``method=probe``); its primary score (accuracy, or Pearson's r for regression), also logged with
-    the run's wall time."""
-    started = time.monotonic()
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One fine-tune (or probe) of the suite's ``index``-th model, ``model`` as named and ``local`` its
+    directory here, on ``task`` with ``seed``; ``out`` receives the fine-tuned model."""
+
+    index: int
+    model: str
+    local: str
+    task: str
+    seed: int
+    out: Path
+
+
+def run_all(
+    cfg: SuiteConfig, runs: list[Run], tasks: dict[str, dict[str, Any]], data: dict[str, dict[str, Path]]
+) -> list[dict[str, float]]:
+    """Each run's result (``timed_run``), in the order of ``runs``: one after another in this process,
+    or ``cfg.jobs`` at a time in fresh worker processes."""
+    if cfg.jobs == 1:
+        return [
+            log_run(cfg, run, tasks[run.task], timed_run(cfg, run, tasks[run.task], data[run.task])) for run in runs
+        ]
+    threads = max(1, (os.cpu_count() or 1) // cfg.jobs)  # the workers share the cores, not oversubscribe them
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(cfg.jobs, mp_context=spawn, initializer=worker_init, initargs=(threads,)) as pool:
+        futures = [pool.submit(timed_run, cfg, run, tasks[run.task], data[run.task]) for run in runs]
+        try:
+            return [log_run(cfg, run, tasks[run.task], f.result()) for run, f in zip(runs, futures, strict=True)]
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # a failed run stops the suite: start no other
+            raise
+
+
+def worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def timed_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], data: dict[str, Path]) -> dict[str, float]:
+    """One fine-tuning run of ``run.local`` (or its linear probe, ``method=probe``): its primary score
+    (accuracy, or Pearson's r for regression), its wall and CPU seconds (this process's, all threads)
+    and the process that ran it."""
+    started, cpu_started = time.monotonic(), time.process_time()
     if cfg.method == "probe":
-        score = probe(model, task, data, cfg.max_seq_len, cfg.batch_size)
+        score = probe(run.local, task, data, cfg.max_seq_len, cfg.batch_size)
     else:
-        score = finetune_one(cfg, model, task, data, out, seed)
-    seconds = time.monotonic() - started
+        score = finetune_one(cfg, run.local, task, data, run.out, run.seed)
+    seconds = {"wall_s": time.monotonic() - started, "cpu_s": time.process_time() - cpu_started}
+    return {"score": score, **seconds, "pid": os.getpid()}
+
+
+def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, float]) -> dict[str, float]:
     log.info(
-        "evaluate-suite: %s | %s | %s | seed %d | %s %.4f | %.0f s",
-        name,
-        task["name"],
+        "evaluate-suite: %s | %s | %s | seed %d | %s %.4f | %.0f s | pid %d",
+        run.model,
+        run.task,
         cfg.method,
-        seed,
+        run.seed,
         task["metric"],
-        score,
-        seconds,
+        result["score"],
+        result["wall_s"],
+        result["pid"],
     )
-    return score
+    return result
 
 
 def finetune_one(
