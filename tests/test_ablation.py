@@ -113,6 +113,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
+        assert 0 <= row["probe_average"] <= 1 and row["probe_share"] > 0, name  # the seedless reading too
         assert (row["tokens"] > 0) is (name not in UNTRAINED), name  # MiniLM's tokens: its head's fitting
         assert "launch/run.sh" in row["command"], name
         # Both teachers have a masked-LM head (MiniLM's fitted here): every row has masked-LM figures, and every
@@ -123,6 +124,8 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
             assert (row[figure] is not None) is student, (name, figure)
         assert not student or (-1 <= row["centred_cosine"] <= 1 and -1 <= row["hidden_cosine"] <= 1), name
     assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
+    assert rows["teacher"]["probe_share"] == rows["minilm"]["probe_share"] == 1.0
+    assert report["probe_config"] == {"train_size": 64, "valid_size": 32, "tasks": ["debian-section"]}
     # Equal tokens: every trained student of both teachers saw the same number; (f) is (a)'s start, untrained.
     assert len({rows[name]["tokens"] for name in TRAINED}) == 1
     for family in ("bert", "minilm"):
@@ -145,12 +148,13 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
 
     table = (out / "ablation.md").read_text()
     header = table.splitlines()[0]
-    columns = "params (M)|tokens (M)|train s|MLM acc|ppl|top-1 agr.|cos. to teacher (centred)|suite avg|share"
+    columns = "params (M)|tokens (M)|train s|MLM acc|ppl|top-1 agr.|cos. to teacher (centred)|suite avg|share|probe avg"
     for column in columns.split("|"):
         assert column in header
     for name in rows:
         assert f"| {name}: " in table
-    for step in ("preprocess", "teacher", "minilm-head", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm"):
+    steps = ("preprocess", "teacher", "minilm-head", "mlm-bert", "mlm-minilm", "suite-bert", "suite-minilm")
+    for step in (*steps, "probe-bert", "probe-minilm"):
         assert f"| {step} | " in table
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
     assert "Steps ran up to 4 at a time" in table

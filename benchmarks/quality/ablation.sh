@@ -36,7 +36,8 @@
 #    measured in docs/quality.md)
 # 5. score every model: held-out masked-LM accuracy, perplexity and top-1 agreement with its teacher
 #    (`python -m trainer evaluate-mlm`), and the evaluation suite per teacher family
-#    (`python -m trainer evaluate-suite TEACHER STUDENTS...`)
+#    (`python -m trainer evaluate-suite TEACHER STUDENTS...`), fine-tuned and, at the toy and gpu scales,
+#    also by the linear probe (`method=probe`)
 # 6. write ablation.json and ablation.md (benchmarks/quality/ablation_report.py): the table, the
 #    commands, parameter counts, tokens and times.
 # Every step is the command a user would run; docs/quality.md has the measured table.
@@ -58,6 +59,7 @@ case "$SCALE" in
         RANKS=2
         # jobs=2: the gpu scale's fine-tunes at once in worker processes, rehearsed
         SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2)
+        PROBE=(method=probe tasks='[debian-section]' train_size=64 valid_size=32)
         MLM=(max_batches=2 batch_size=8)
         MINILM_VARIANTS=(a b c d e f a4 f4)
         ;;
@@ -67,6 +69,7 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
         SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 14 models x 3 tasks, one seed: about 7 min
+        PROBE=()  # none: on all the data it costs 40-90 s a model here, 10-20 min past the hour (by hand: docs/quality.md)
         MINILM_VARIANTS=(a b c d e f)
         MLM=(max_batches=25 batch_size=32)
         ;;
@@ -78,6 +81,9 @@ case "$SCALE" in
         # two seeds: the suite was a third of a device call; three fine-tunes at once (jobs=3) on the one GPU, whose
         # small fine-tunes leave it mostly idle (docs/quality.md, estimates)
         SUITE=(seeds='[0,1]' jobs=3)
+        # the suite read a second way, seedless, on all the data: a linear probe on the frozen features, cheap on a
+        # GPU (forward passes only). It ranked the MiniLM students as their closeness to MiniLM did at cpu scale.
+        PROBE=(method=probe)
         MLM=(max_batches=50 batch_size=64)
         # a4: half of MiniLM's 6 layers kept 90.6 % of its suite average at cpu scale, 4 of them 95.4 %; f4, their
         # untrained start, 96.4 %, above both 4-layer students measured there (docs/quality.md)
@@ -255,6 +261,10 @@ score() {  # score FAMILY MLM_TEACHER SUITE_TEACHER STUDENT_RUN_DIR...
         data="$OUT/data" teacher="$mlm_teacher" "${MLM[@]}" output="$OUT/mlm-$family.json"
     start "suite-$family" "$family" "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$suite_teacher" \
         "${students[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-$family.json"
+    if [ ${#PROBE[@]} -gt 0 ]; then
+        start "probe-$family" "$family" "evaluation suite, linear probe" "$PYTHON" -m trainer evaluate-suite \
+            "$suite_teacher" "${students[@]}" "${PROBE[@]}" mlflow.enabled=false output="$OUT/probe-$family.json"
+    fi
 }
 if family minilm; then
     pool_await "${MINILM_VARIANTS[@]/#/minilm-}"

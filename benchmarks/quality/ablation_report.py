@@ -6,13 +6,15 @@
 
 Reads ``runs.tsv`` (each step's command and time), each training run's ``metrics.jsonl`` (sequences
 seen), each model's weights (parameter counts), ``mlm-<family>.json`` (``python -m trainer
-evaluate-mlm``) and ``suite-<family>.json`` (``python -m trainer evaluate-suite``), and writes
+evaluate-mlm``), ``suite-<family>.json`` (``python -m trainer evaluate-suite``) and, where the scale
+has it, ``probe-<family>.json`` (the same suite read by its linear probe, ``method=probe``), and writes
 ``ablation.json`` and ``ablation.md`` (atomically, into OUT or the ``--into`` folder): one row per
 model — the teacher first, then its students — with held-out masked-LM accuracy and perplexity, top-1
 agreement with the teacher, the suite's task scores and average, and the share of the teacher's
-average. ``--families`` limits the rows to those families (``ABLATION_FAMILIES``, or one family's
-report while the other still runs: ``gpu_run.sh``); ``--merge`` joins such reports, made on the same
-dataset, into one ``OUT/ablation.json`` and ``ablation.md``.
+average (and the probe's average and share). ``--families`` limits the rows to those families
+(``ABLATION_FAMILIES``, or one family's report while the other still runs: ``gpu_run.sh``);
+``--merge`` joins such reports, made on the same dataset, into one ``OUT/ablation.json`` and
+``ablation.md``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         mlm = json.loads((out / f"mlm-{family}.json").read_text())
         suite = json.loads((out / f"suite-{family}.json").read_text())
         mlm_by_model = {m["model"]: m for m in mlm["models"]}
+        probe_path = out / f"probe-{family}.json"
+        probe = json.loads(probe_path.read_text()) if probe_path.is_file() else None
+        probe_by_model = {m["model"]: m for m in probe["models"]} if probe else {}
         for index, entry in enumerate(suite["models"]):
             model = Path(entry["model"])
             is_teacher = index == 0
@@ -90,6 +95,7 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
                 }
             else:
                 figures = mlm_by_model.get(entry["model"], {})
+            probed = probe_by_model.get(entry["model"], {})
             rows.append(
                 {
                     "family": family,
@@ -110,6 +116,8 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
                     "suite": {task: scores["mean"] for task, scores in entry["tasks"].items()},
                     "suite_average": entry["average"],
                     "suite_share": entry["share"],
+                    "probe_average": probed.get("average"),
+                    "probe_share": probed.get("share"),
                 }
             )
     return {
@@ -123,6 +131,7 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         },
         "suite_tasks": suite["tasks"],
         "suite_config": {k: suite["config"][k] for k in ("train_size", "valid_size", "seeds", "epochs", "tasks")},
+        "probe_config": {k: probe["config"][k] for k in ("train_size", "valid_size", "tasks")} if probe else None,
         "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
         "rows": rows,
         "steps": steps,
@@ -175,6 +184,7 @@ def cosines(row: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     tasks = list(report["suite_tasks"])
+    probed = report.get("probe_config") is not None
     header = [
         "teacher",
         "model",
@@ -188,6 +198,7 @@ def markdown(report: dict[str, Any]) -> str:
         *tasks,
         "suite avg",
         "share of teacher",
+        *(["probe avg", "probe share"] if probed else []),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in report["rows"]:
@@ -204,6 +215,7 @@ def markdown(report: dict[str, Any]) -> str:
             *(f"{row['suite'][t]:.3f}" for t in tasks),
             f"{row['suite_average']:.3f}",
             f"{row['suite_share']:.1%}",
+            *([fmt(row["probe_average"], ".3f"), fmt(row["probe_share"], ".1%")] if probed else []),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     data = report["dataset"]
@@ -218,13 +230,20 @@ def markdown(report: dict[str, Any]) -> str:
         if jobs > 1
         else ""
     )
+    probe = report.get("probe_config")
+    probe_note = (
+        " Probe: the same tasks read by a linear model on each model's frozen mean-pooled features (one "
+        f"deterministic fit; train_size {probe['train_size']}, valid_size {probe['valid_size']}; 0: all)."
+        if probe
+        else ""
+    )
     notes = [
         "",
         f"Scale `{report['scale']}`; corpora {report['corpora']}: {data['documents']} documents, "
         f"{data['train_tokens']:,} training and {data['valid_tokens']:,} held-out tokens at {data['seq_len']} "
         f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
         f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
-        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}. Steps: "
+        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}.{probe_note} Steps: "
         f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; {invocation}: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
         f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).{overlap}",

@@ -82,7 +82,7 @@ cp "$RUN/runs.tsv" "$OUTDIR/" 2>/dev/null
 # keeps nothing, and a family finished is a family that need not run again.
 done_families=()
 for family in $FAMILIES; do
-    if [ -f "$RUN/mlm-$family.json" ] && [ -f "$RUN/suite-$family.json" ] &&
+    if [ -f "$RUN/mlm-$family.json" ] && [ -f "$RUN/suite-$family.json" ] && [ -f "$RUN/probe-$family.json" ] &&
         "$PY" benchmarks/quality/ablation_report.py "$RUN" --scale "$SCALE" --corpora "$CORPORA_LABEL" \
             --wall-seconds "$SECONDS" --families "$family" --jobs "$ABLATION_JOBS" --into "$RUN/report-$family" \
             >/dev/null; then
