@@ -126,6 +126,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
     assert rows["teacher"]["probe_share"] == rows["minilm"]["probe_share"] == 1.0
     assert report["probe_config"] == {"train_size": 64, "valid_size": 32, "tasks": ["debian-section"]}
+    assert report["suite_config"]["lrs"] == [1e-4, 5e-4]  # each task at the better of two rates, as on the GPU
     # Equal tokens: every trained student of both teachers saw the same number; (f) is (a)'s start, untrained.
     assert len({rows[name]["tokens"] for name in TRAINED}) == 1
     for family in ("bert", "minilm"):
@@ -158,6 +159,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert f"| {step} | " in table
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
     assert "Steps ran up to 4 at a time" in table
+    assert "each task at the best of the learning rates 0.0001, 0.0005" in table
 
     # The call returned a report per family; --merge joins them here into the whole run's rows, as it joins
     # the reports of calls that each ran one family.

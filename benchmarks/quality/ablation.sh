@@ -57,8 +57,8 @@ case "$SCALE" in
         VALID=0.2  # of 40 documents: a held-out split to score on
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
-        # jobs=2: the gpu scale's fine-tunes at once in worker processes, rehearsed
-        SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2)
+        # jobs, lrs: the gpu scale's fine-tunes at once in worker processes, and its two rates, rehearsed
+        SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2 lrs='[1e-4,5e-4]')
         PROBE=(method=probe tasks='[debian-section]' train_size=64 valid_size=32)
         MLM=(max_batches=2 batch_size=8)
         MINILM_VARIANTS=(a b c d e f a4 f4)
@@ -79,8 +79,10 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
         RANKS=1
         # two seeds: the suite was a third of a device call; three fine-tunes at once (jobs=3) on the one GPU, whose
-        # small fine-tunes leave it mostly idle (docs/quality.md, estimates)
-        SUITE=(seeds='[0,1]' jobs=3)
+        # small fine-tunes leave it mostly idle (docs/quality.md, estimates). Each task at the better of two rates:
+        # at 1e-4 a BERT pretrained here from scratch stays at chance, at 5e-4 MiniLM's pair task falls to chance
+        # (docs/quality.md, "The suite's learning rate")
+        SUITE=(seeds='[0,1]' jobs=3 lrs='[1e-4,5e-4]')
         # the suite read a second way, seedless, on all the data: a linear probe on the frozen features, cheap on a
         # GPU (forward passes only). It ranked the MiniLM students as their closeness to MiniLM did at cpu scale.
         PROBE=(method=probe)

@@ -130,7 +130,9 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
             "seq_len": seq_len,
         },
         "suite_tasks": suite["tasks"],
-        "suite_config": {k: suite["config"][k] for k in ("train_size", "valid_size", "seeds", "epochs", "tasks")},
+        "suite_config": {
+            k: suite["config"].get(k) for k in ("train_size", "valid_size", "seeds", "epochs", "tasks", "lr", "lrs")
+        },
         "probe_config": {k: probe["config"][k] for k in ("train_size", "valid_size", "tasks")} if probe else None,
         "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
         "rows": rows,
@@ -230,6 +232,10 @@ def markdown(report: dict[str, Any]) -> str:
         if jobs > 1
         else ""
     )
+    if suite.get("lrs"):
+        rates = "each task at the best of the learning rates " + ", ".join(f"{lr:g}" for lr in suite["lrs"])
+    else:
+        rates = f"learning rate {suite.get('lr', 1e-4):g}"
     probe = report.get("probe_config")
     probe_note = (
         " Probe: the same tasks read by a linear model on each model's frozen mean-pooled features (one "
@@ -243,7 +249,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{data['train_tokens']:,} training and {data['valid_tokens']:,} held-out tokens at {data['seq_len']} "
         f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
         f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
-        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}.{probe_note} Steps: "
+        f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}, {rates}.{probe_note} Steps: "
         f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; {invocation}: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "
         f"{', '.join(f'{x:.1f}' for x in report['machine']['load_average'])}).{overlap}",

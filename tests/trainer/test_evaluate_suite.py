@@ -121,6 +121,32 @@ def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teach
             assert two[model][task]["seeds"] == scores["seeds"], (model, task)
 
 
+def test_lrs_score_each_task_at_its_best_rate(tiny_teacher_dir, tmp_path, capsys):
+    """``lrs=[1e-4,3e-3]``: every task fine-tuned at both rates; each task's score is the rate with the better
+    mean over the seeds, and equals, seed by seed, a suite run at that rate alone; the table says which."""
+    common = [str(tiny_teacher_dir), "tasks=[debian-section,debian-size]", "train_size=16", "valid_size=8"]
+    common += ["seeds=[0,1]", "epochs=1", "max_seq_len=32", "mlflow.enabled=false"]
+    assert main([*common, "lrs=[1e-4,3e-3]", f"output={tmp_path / 'grid.json'}"]) == 0
+    table = capsys.readouterr().out
+    assert "each task at the best of the learning rates 0.0001, 0.003" in table
+    (grid,) = json.loads((tmp_path / "grid.json").read_text())["models"]
+    for rate in ("1e-4", "3e-3"):
+        assert main([*common, f"lr={rate}", f"output={tmp_path / rate}.json"]) == 0
+    alone = {
+        rate: json.loads((tmp_path / f"{rate}.json").read_text())["models"][0]["tasks"] for rate in ("1e-4", "3e-3")
+    }
+    for task, entry in grid["tasks"].items():
+        means = {"1e-4": alone["1e-4"][task]["mean"], "3e-3": alone["3e-3"][task]["mean"]}
+        assert entry["by_lr"] == {"0.0001": means["1e-4"], "0.003": means["3e-3"]}, task
+        best = max(means, key=means.get)  # the first on a tie, as the suite picks
+        assert entry["lr"] == float(best) and entry["seeds"] == alone[best][task]["seeds"], task
+        assert f"@{entry['lr']:g}" in table
+    with pytest.raises(ConfigError, match=r"lrs: repeats a rate"):
+        main([*common, "lrs=[1e-4,1e-4]"])
+    with pytest.raises(ConfigError, match=r"lrs: a probe does not fine-tune"):
+        main([str(tiny_teacher_dir), "method=probe", "lrs=[1e-4]"])
+
+
 def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, tmp_path, capsys):
     """``method=probe`` on the real MiniLM encoder, every task at 80 / 48 examples: the same scores as
     scikit-learn's RidgeClassifier and Ridge on features pooled and standardised here by hand (each
