@@ -235,7 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
     if suite.get("lrs"):
         rates = "each task at the best of the learning rates " + ", ".join(f"{lr:g}" for lr in suite["lrs"])
     else:
-        rates = f"learning rate {suite.get('lr', 1e-4):g}"
+        rates = f"learning rate {suite['lr']:g}"
     probe = report.get("probe_config")
     probe_note = (
         " Probe: the same tasks read by a linear model on each model's frozen mean-pooled features (one "

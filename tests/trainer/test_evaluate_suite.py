@@ -172,6 +172,7 @@ def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, 
     assert "±" not in row and row.rstrip().endswith("100.0%")  # one fit: no spread to show
     report = json.loads(output.read_text())
     [entry] = report["models"]
+    assert all("lr" not in task and "by_lr" not in task for task in entry["tasks"].values())  # nothing fine-tuned
 
     model, tokenizer = (
         AutoModel.from_pretrained(bert_tokenizer_dir).eval(),

@@ -321,9 +321,10 @@ def summarise(cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], results: list[
                 "spread": max(scores) - min(scores),
                 "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                 "seeds": dict(zip(map(str, cfg.seeds), scores, strict=True)),
-                "lr": lr,
-                "by_lr": {f"{rate:g}": statistics.fmean(rate_scores) for rate, rate_scores in by_lr.items()},
             }
+            if cfg.method == "finetune":  # a probe fine-tunes nothing: no rate to name
+                per_task[name]["lr"] = lr
+                per_task[name]["by_lr"] = {f"{rate:g}": statistics.fmean(rates) for rate, rates in by_lr.items()}
         average = statistics.fmean(entry["mean"] for entry in per_task.values())
         timing = {key: result[key] for key in ("wall_s", "cpu_s")}  # cpu_s: this process's CPU time, all threads
         models.append({"model": result["model"], "tasks": per_task, "average": average, **timing})
