@@ -172,3 +172,10 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert len(merged["parts"]) == 2 and merged["invocations"] == 1  # one call: its time counted once
     assert table_rows((merged_dir / "ablation.md").read_text()) == table_rows(table)
     assert (returned / "ablation.md").read_text() == (merged_dir / "ablation.md").read_text()
+    # A suite run at one rate (the cpu scale's) is named by the rate its report recorded.
+    one_rate = json.loads(parts[0].read_text())
+    one_rate["suite_config"].update(lr=3e-4, lrs=None)
+    (tmp_path / "one-rate.json").write_text(json.dumps(one_rate))
+    merge_one = [*merge[:2], str(tmp_path / "one-rate"), "--merge", str(tmp_path / "one-rate.json")]
+    printed = subprocess.run(merge_one, env=env, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+    assert "seeds [0], learning rate 0.0003." in printed.stdout
