@@ -324,7 +324,7 @@ def summarise(cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], results: list[
             }
             if cfg.method == "finetune":  # a probe fine-tunes nothing: no rate to name
                 per_task[name]["lr"] = lr
-                per_task[name]["by_lr"] = {f"{rate:g}": statistics.fmean(rates) for rate, rates in by_lr.items()}
+                per_task[name]["by_lr"] = {f"{rate:g}": statistics.fmean(seeds) for rate, seeds in by_lr.items()}
         average = statistics.fmean(entry["mean"] for entry in per_task.values())
         timing = {key: result[key] for key in ("wall_s", "cpu_s")}  # cpu_s: this process's CPU time, all threads
         models.append({"model": result["model"], "tasks": per_task, "average": average, **timing})
@@ -354,8 +354,8 @@ def format_table(report: dict[str, Any]) -> str:
     header = ["model", *(f"{n} ({report['tasks'][n]['metric']})" for n in names), "average", "share"]
     rows = []
     probe = report["config"]["method"] == "probe"  # one fit: no spread to show
+    grid = len(report["config"].get("lrs") or []) > 1  # each task at its best rate: say which
     for entry in report["models"]:
-        grid = len(report["config"].get("lrs") or []) > 1  # each task at its best rate: say which
         cells = [
             f"{entry['tasks'][n]['mean']:.3f}"
             + ("" if probe else f" ± {entry['tasks'][n]['spread']:.3f}")
@@ -385,7 +385,7 @@ def format_table(report: dict[str, Any]) -> str:
         ]
     else:
         notes = [f"(mean ± spread (max - min) over seeds {seeds}; share: of the first model's average)"]
-        if report["config"].get("lrs"):
+        if grid:
             rates = ", ".join(f"{lr:g}" for lr in report["config"]["lrs"])
             notes.append(f"(each task at the best of the learning rates {rates}, by mean over the seeds: @rate)")
     notes.append(f"(wall time per model, {report['config']['method']} included: {walls})")
