@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,27 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     merge_one = [*merge[:2], str(tmp_path / "one-rate"), "--merge", str(tmp_path / "one-rate.json")]
     printed = subprocess.run(merge_one, env=env, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert "seeds [0], learning rate 0.0003." in printed.stdout
+
+    # A call the guard stops returns what is done: a family whose scores are all there its report, the
+    # other the scores it has (here: MiniLM's probe made to run again, and stopped 1 s in).
+    with open(out / "runs.tsv", encoding="utf-8") as f:
+        kept = [line for line in f if not line.startswith("probe-minilm\t")]
+    (out / "runs.tsv").write_text("".join(kept), encoding="utf-8")
+    (out / "probe-minilm.json").unlink()
+    stopped = tmp_path / "stopped"
+    proc = subprocess.run(
+        ["bash", str(quality / "gpu_run.sh"), str(stopped), "all"],
+        env={**device, "GPU_RUN_BUDGET_S": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode in (124, 137) and "stopped by the time guard" in proc.stdout, proc.stdout
+    assert (
+        "Finished scores of an unfinished family: scores-minilm.tar (mlm-minilm.json suite-minilm.json)" in proc.stdout
+    )
+    assert (stopped / "ablation-bert.json").is_file() and not (stopped / "ablation-minilm.json").exists()
+    with tarfile.open(stopped / "scores-minilm.tar") as tar:
+        assert sorted(tar.getnames()) == ["mlm-minilm.json", "suite-minilm.json"]
+        suite = json.load(tar.extractfile("suite-minilm.json"))
+    assert suite == json.loads((out / "suite-minilm.json").read_text())

@@ -20,8 +20,10 @@
 #      checkpoint (in the same output_dir), an interrupted evaluation starts again.
 # OUTDIR receives (8 files at most, what the device tool returns): progress.md (what is done, what was
 # running), runs.tsv, ablation-FAMILY.json for each family whose scores are done (also when the guard
-# stopped the other) and ablation.md (their table), ablation.log (the script's output), logs.txt (the last
-# lines of every step's log) and versions.txt. Back here, `ablation_report.py OUT --merge FILES` joins them.
+# stopped the other) and ablation.md (their table), else scores-FAMILY.tar (a plain tar of the family's
+# score reports that are done: mlm-, suite-, probe-FAMILY.json), ablation.log (the script's output),
+# logs.txt (the last lines of every step's log) and versions.txt. Back here, `ablation_report.py OUT
+# --merge FILES` joins the reports.
 # The CPU dry run (tests/test_ablation.py): ABLATION_SCALE=toy SKIP_WHEELS=1 GPU_ABLATION_INPUTS=DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,6 +68,7 @@ CORPORA_LABEL="../shared/corpora, preprocessed before the run by gpu_prepare.sh"
 # The run, stopped by `timeout` (TERM to the whole process group: the launcher and its ranks too, then KILL
 # 15 s later) before the device's own limit.
 left=$((BUDGET_S - SECONDS))
+[ "$left" -ge 1 ] || left=1  # `timeout 0` would mean no limit at all
 ABLATION_OUTPUT=$RUN ABLATION_RESUME=1 ABLATION_FAMILIES=$FAMILIES ABLATION_DATA=$STATE/dataset/data \
     ABLATION_MINILM=$STATE/minilm timeout -k 15 "$left" \
     bash benchmarks/quality/ablation.sh "$SCALE" "$CORPORA_LABEL" \
@@ -81,6 +84,7 @@ cp "$RUN/runs.tsv" "$OUTDIR/" 2>/dev/null
 # Each family whose scores are done gets its own report, also when the guard stopped the run: the device
 # keeps nothing, and a family finished is a family that need not run again.
 done_families=()
+partial=()
 for family in $FAMILIES; do
     if [ -f "$RUN/mlm-$family.json" ] && [ -f "$RUN/suite-$family.json" ] && [ -f "$RUN/probe-$family.json" ] &&
         "$PY" benchmarks/quality/ablation_report.py "$RUN" --scale "$SCALE" --corpora "$CORPORA_LABEL" \
@@ -88,6 +92,11 @@ for family in $FAMILIES; do
             >/dev/null; then
         cp "$RUN/report-$family/ablation.json" "$OUTDIR/ablation-$family.json"
         done_families+=("ablation-$family.json")
+    else  # its scores that are done, in its file's place: measured device minutes are not thrown away
+        scores=()
+        for kind in mlm suite probe; do [ -f "$RUN/$kind-$family.json" ] && scores+=("$kind-$family.json"); done
+        [ ${#scores[@]} -gt 0 ] && tar -cf "$OUTDIR/scores-$family.tar" -C "$RUN" "${scores[@]}" &&
+            partial+=("scores-$family.tar (${scores[*]})")
     fi
 done
 if [ ${#done_families[@]} -gt 0 ]; then  # their table, as it will read once merged here
@@ -104,6 +113,7 @@ done >"$OUTDIR/logs.txt"
     awk -F'\t' 'NR > 1 {printf "- %s: %s s\n", $1, $4}' "$RUN/runs.tsv" 2>/dev/null
     echo
     echo "Reports returned: ${done_families[*]:-none}"
+    [ ${#partial[@]} -eq 0 ] || echo "Finished scores of an unfinished family: ${partial[*]}"
     if [ "$status" != 0 ]; then
         # The steps that were running: a log and no runs.tsv row; each log's last progress line says how far.
         for log in "$RUN"/logs/*.log; do

@@ -158,6 +158,49 @@ def test_exported_student_fills_masks_on_the_gpu(zero_runs: dict[int, Path]) -> 
     assert all(isinstance(p["token_str"], str) and p["token_str"] for p in predictions)
 
 
+def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
+    zero_runs: dict[int, Path], tiny_teacher_dir: Path, gpu_dataset_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``evaluate-mlm`` and the suite's linear probe compute on the GPU (the first GPU ablation found both on
+    the machine's CPU, minutes a model) and score what the CPU scores: the same masked tokens, and
+    figures equal up to float32 rounding in other kernels (a near-tied guess may flip: a few in a
+    thousand; for the probe, one of the 32 validation examples)."""
+    from common.config import load_config
+    from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm
+    from trainer.commands.evaluate_suite import SuiteConfig, evaluate_suite
+
+    student = str(zero_runs[2] / "student")
+    mlm = load_config(
+        EvaluateMlmConfig,
+        None,
+        [f"data={gpu_dataset_dir}", f'models=["{student}"]', f"teacher={tiny_teacher_dir}", "max_batches=4"],
+    )
+    probe_args = ["method=probe", "tasks=[wordnet-hypernym]", "train_size=64", "valid_size=32", "jobs=1"]
+    probe_args += ["mlflow.enabled=false"]
+
+    def scores(accelerator: str) -> tuple[dict, float]:
+        monkeypatch.setenv("DS_ACCELERATOR", accelerator)
+        held_out = evaluate_mlm(mlm)
+        suite = load_config(SuiteConfig, None, [*probe_args, f'models=["{student}"]', f"output={tmp_path / 'p.json'}"])
+        if accelerator == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        probed = evaluate_suite(suite)["models"][0]["average"]
+        if accelerator == "cuda":
+            assert torch.cuda.max_memory_allocated() > 0  # the probe's encoder ran there
+        return held_out, probed
+
+    here, probed = scores(ON)
+    reference, probed_on_cpu = scores("cpu")
+    assert here["device"].startswith(ON) and reference["device"] == "cpu"
+    [a], [b] = here["models"], reference["models"]
+    assert a["masked_tokens"] == b["masked_tokens"] > 0
+    assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)
+    assert a["hidden_cosine"] == pytest.approx(b["hidden_cosine"], rel=1e-4)
+    for key in ("mlm_accuracy", "top1_agreement"):
+        assert a[key] == pytest.approx(b[key], abs=5e-3)
+    assert probed == pytest.approx(probed_on_cpu, abs=1 / 32 + 1e-9)
+
+
 PRESETS = {  # each preset's objective, at the tiny teacher's width (64, 4 heads, 4 layers)
     "distilbert-base": ["student.teacher_layers=null"],
     "tinybert-4l-312": ["student.hidden_size=32", "student.num_attention_heads=4", "student.intermediate_size=64"],

@@ -18,6 +18,7 @@ from trainer.config import MaskingConfig
 from trainer.objective.masking import DynamicMasker
 from trainer.runtime.data import open_dataset
 from trainer.runtime.evaluate import fixed_masked_batches
+from trainer.runtime.ranks import local_device
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,7 @@ def test_figures_match_a_hand_computation(tiny_dataset_dir: Path, tiny_teacher_d
     assert entry["perplexity"] == pytest.approx(math.exp(entry["mlm_loss"]))
     assert 0 < entry["top1_agreement"] < 1  # a different model: neither all nor none of its guesses agree
     assert report["teacher"]["model"] == str(tiny_teacher_dir) and report["teacher"]["mlm_accuracy"] >= 0
+    assert report["device"] == str(local_device())  # named, for whoever compares two reports
 
 
 def test_a_model_agrees_with_itself_and_a_headless_teacher_gives_no_agreement(
@@ -117,3 +119,16 @@ def test_bad_input_names_the_key(tiny_dataset_dir: Path, bert_tokenizer_dir: Pat
         config(f"data={tiny_dataset_dir}")
     with pytest.raises(ConfigError, match=r"^models: .* has no masked-LM head to score"):
         evaluate_mlm(config(f"data={tiny_dataset_dir}", f"models={json.dumps([str(bert_tokenizer_dir)])}"))
+
+
+def test_the_device_is_the_gpu_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``local_device``, which evaluate-mlm, the probe, finetune and task-distill run on: CUDA where it is
+    present, unless DS_ACCELERATOR (the launcher's switch) says cpu. (tests/gpu scores on a real GPU.)"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert local_device() == torch.device("cuda", 0) and local_device(3) == torch.device("cuda", 3)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert local_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DS_ACCELERATOR")
+    assert local_device() == torch.device("cpu")

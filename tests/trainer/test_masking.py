@@ -224,3 +224,15 @@ def test_positions_hold_every_chosen_token_within_the_budget(
         assert torch.equal(out.positions.valid.sum(1), hit.sum(1))  # no chosen token without a slot
         assert hit.gather(1, out.positions.index)[out.positions.valid].all()  # valid slots point at chosen tokens
         assert torch.equal(out.targets[out.positions.valid], packed.gather(1, out.positions.index)[out.positions.valid])
+
+
+def test_a_masked_batch_moves_whole(tokenizer: Any, packed: torch.Tensor) -> None:
+    """``to(device)`` moves every tensor (evaluate-mlm masks on the CPU, then scores on the GPU); the meta
+    device shows each one moved without a GPU here."""
+    out = DynamicMasker.from_tokenizer(MaskingConfig(), tokenizer)(packed, None, seeded_generator(0))
+    moved = out.to(torch.device("meta"))
+    tensors = [moved.input_ids, moved.labels, moved.targets, moved.positions.index, moved.positions.valid]
+    assert all(t.is_meta for t in tensors)
+    assert [t.shape for t in tensors] == [
+        t.shape for t in (out.input_ids, out.labels, out.targets, *vars(out.positions).values())
+    ]

@@ -17,6 +17,10 @@ cosine rewards matching, so the centred one is the truer measure of what a stude
 null for a model of another width. Models trained from different runs, with different masking, are compared
 here on one mask, which a training run's own ``eval/`` metrics cannot do.
 
+The models run on the GPU where there is one (``DS_ACCELERATOR=cpu`` keeps them on the CPU; the
+report names the device). The mask is drawn on the CPU and then moved, so a GPU scores the same
+tokens as a CPU does.
+
 Prints one line per model and writes the figures as JSON to ``output`` (atomically).
 """
 
@@ -41,6 +45,7 @@ from trainer.objective.distiller import Distiller, eval_metrics
 from trainer.objective.masking import DynamicMasker
 from trainer.runtime.data import check_tokenizer, open_dataset
 from trainer.runtime.evaluate import fixed_masked_batches, masked_lm_sums
+from trainer.runtime.ranks import local_device
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +89,8 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
     dataset = open_dataset(cfg.data)
     for model in cfg.models:
         require(has_mlm_head(load_model_config(model, "models")), "models", f"{model} has no masked-LM head to score")
-    device = torch.device("cpu")
-    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32)
+    device = local_device()  # a GPU where there is one: a CPU took minutes a model on a GPU machine
+    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32).to(device)
     teacher_scored = teacher is not None and has_mlm_head(teacher.config)  # has predictions of its own
     batches: list = []
     results = []
@@ -94,8 +99,9 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
         tokenizer = load_tokenizer(model)
         check_tokenizer(dataset, tokenizer_identity(tokenizer, model), model, "models")
         if not batches:  # every model reads the dataset's tokenizer (checked above), so one mask serves all
-            masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, device=device)
-            batches = fixed_masked_batches(
+            # masked on the CPU, then moved: the same tokens are scored on any machine
+            masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer)
+            host_batches = fixed_masked_batches(
                 dataset,
                 masker,
                 micro_batch_size=cfg.batch_size,
@@ -103,10 +109,11 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
                 seed=cfg.seed,
                 rank=0,
                 world_size=1,
-                device=device,
+                device=torch.device("cpu"),
             )
-            require(bool(batches), "data", f"{cfg.data} has no valid split to evaluate on")
-        student = load_teacher(model, torch.float32)  # frozen, eval mode: exactly how it is read here
+            require(bool(host_batches), "data", f"{cfg.data} has no valid split to evaluate on")
+            batches = [(masked.to(device), None if mask is None else mask.to(device)) for masked, mask in host_batches]
+        student = load_teacher(model, torch.float32).to(device)  # frozen, eval mode: exactly how it is read here
         objective = ObjectiveConfig(ce=0.0, mlm=1.0, cos=0.0, mse=0.0)  # evaluate() reads no loss weight
         sums = masked_lm_sums(Distiller(student, teacher, objective), batches)
         metrics = eval_metrics({k: v.item() for k, v in sums.items()})
@@ -125,7 +132,13 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
                 "model": cfg.teacher,
                 **describe(metrics["teacher_mlm_loss"], metrics["teacher_mlm_accuracy"]),
             }
-    report = {"models": results, "teacher": teacher_entry, "data": cfg.data, "config": dataclasses.asdict(cfg)}
+    report = {
+        "models": results,
+        "teacher": teacher_entry,
+        "data": cfg.data,
+        "device": str(device),
+        "config": dataclasses.asdict(cfg),
+    }
     if cfg.output:
         write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     return report

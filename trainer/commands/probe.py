@@ -43,6 +43,7 @@ import torch
 
 from common.tokenizer import load_tokenizer
 from trainer.modeling import load_teacher
+from trainer.runtime.ranks import local_device
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ FOLDS = 5
 def probe(model_dir: str, task: dict[str, Any], data: dict[str, Path], max_seq_len: int, batch_size: int) -> float:
     """``task``'s metric (accuracy or Pearson's r) of a linear model on ``model_dir``'s frozen features:
     fitted on ``data["train"]``, scored on ``data["validation"]`` (JSONL files of the task's columns)."""
-    model = load_teacher(model_dir, torch.float32).base_model  # frozen, eval mode; a head is not needed
+    # frozen, eval mode, a head not needed; on the GPU where there is one (the ridge fits stay on the CPU)
+    model = load_teacher(model_dir, torch.float32).base_model.to(local_device())
     tokenizer = load_tokenizer(model_dir)
     splits = {split: read_jsonl(path) for split, path in data.items()}
 
@@ -98,9 +100,10 @@ def encode(model: Any, tokenizer: Any, texts: list[str], max_seq_len: int, batch
             padding=True,
             return_tensors="pt",
         )
-        hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        real = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled.append(((hidden * real).sum(1) / real.sum(1)).double())
+        input_ids, attention_mask = batch["input_ids"].to(model.device), batch["attention_mask"].to(model.device)
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        real = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled.append(((hidden * real).sum(1) / real.sum(1)).double().cpu())
     return torch.cat(pooled)
 
 

@@ -86,6 +86,12 @@ class MaskedBatch:
         positions = Positions(index=index, valid=chosen.gather(1, index))
         return cls(input_ids, labels, positions, positions.take(labels))
 
+    def to(self, device: torch.device) -> MaskedBatch:
+        """The same batch on ``device``."""
+        index = self.positions.index
+        positions = Positions(None if index is None else index.to(device), self.positions.valid.to(device))
+        return MaskedBatch(self.input_ids.to(device), self.labels.to(device), positions, self.targets.to(device))
+
 
 def seeded_generator(*entropy: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator seeded from several integers, e.g. ``(seed, step, rank)``: independent streams per tuple."""

@@ -55,12 +55,20 @@ class Ranks:
         return rows, len(rows) * self.world_size / len(batch)
 
 
+def local_device(local_rank: int = 0) -> torch.device:
+    """The device this process computes on: CUDA device ``local_rank`` where CUDA is present and
+    ``DS_ACCELERATOR`` (the launcher's own switch) does not say ``cpu``; the CPU otherwise. Every
+    command that runs a model outside the DeepSpeed engine asks here, so that none of them stays on
+    the CPU of a GPU machine."""
+    cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+    return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+
 def init_ranks() -> Ranks:
     """One process, or the rank the launcher's environment names (gloo on CPU, NCCL on GPUs)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = local_device(int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = device.type == "cuda"
     if world_size == 1:
         return Ranks(device=device)
     import torch.distributed as dist
