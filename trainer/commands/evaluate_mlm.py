@@ -18,8 +18,9 @@ null for a model of another width. Models trained from different runs, with diff
 here on one mask, which a training run's own ``eval/`` metrics cannot do.
 
 The models run on the GPU where there is one (``DS_ACCELERATOR=cpu`` keeps them on the CPU; the
-report names the device). The mask is drawn on the CPU and then moved, so a GPU scores the same
-tokens as a CPU does.
+report names the device). The mask is always drawn on the CPU and then moved, so a GPU scores the
+same tokens as a CPU does, and the same as a training run's evaluation on the CPU. A run's
+evaluation on a GPU draws its mask there, so its tokens differ.
 
 Prints one line per model and writes the figures as JSON to ``output`` (atomically).
 """
