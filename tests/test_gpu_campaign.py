@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from helpers import REPO, block_imports
@@ -97,3 +98,28 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
 def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
     result = train_throughput.json_result(["sleep", "5"], timeout=0.5)
     assert result["rc"] == train_throughput.STOPPED
+
+
+@pytest.mark.integration
+def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path) -> None:
+    """``tests/gpu`` as its dry run (``ENCODER_DISTILL_GPU_TESTS_ON=cpu``): every body but the CUDA-only checks,
+    with the launcher runs started together. A bug in them found here costs no device minutes."""
+    report, base = tmp_path / "gpu-tests.xml", tmp_path / "base"
+    args = ["-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", f"--junitxml={report}", f"--basetemp={base}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=REPO,
+        env={**os.environ, "ENCODER_DISTILL_GPU_TESTS_ON": "cpu", "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    assert suite is not None
+    skipped = [case.get("name") for case in suite.iter("testcase") if case.find("skipped") is not None]
+    assert skipped == ["test_fp16_overflowing_steps_are_skipped_not_fatal"]  # fp16 loss scaling: CUDA only
+    assert int(suite.get("tests")) - len(skipped) >= 11 and suite.get("failures") == suite.get("errors") == "0"
+    # every run some selected test reads was launched, and the CUDA-only one was not
+    launched = {p.name for p in (base / "runs0").iterdir() if p.is_dir()}
+    assert launched == {"zero1", "zero2", "zero3", "again", "resumed", "offload"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,63 @@ def run(teacher: Path, data: Path, out: Path, *overrides: str) -> Path:
     return out
 
 
+def resume(teacher: Path, data: Path, out: Path) -> Path:
+    """A run killed two steps after a checkpoint, relaunched to the end."""
+    kill_and_resume(lambda: start(teacher, data, out), out, rank=0, max_steps=MAX_STEPS, timeout=RUN_TIMEOUT)
+    return out
+
+
+# Every launcher run that the tests read: how it runs, and its overrides. The ZeRO-2 run is also the
+# reference that `resumed` must reach, and `again` (the same config) measures the GPU's run-to-run spread.
+RUNS = {
+    "zero1": (run, "deepspeed.config=configs/deepspeed/zero1.json"),
+    "zero2": (run, "deepspeed.config=configs/deepspeed/zero2.json"),
+    "zero3": (run, "deepspeed.config=configs/deepspeed/zero3.json"),
+    "again": (run, "deepspeed.config=configs/deepspeed/zero2.json"),
+    "resumed": (resume,),
+    "fp16": (run, *FP16_OVERFLOW, "max_steps=40"),
+    "offload": (run, "deepspeed.config=configs/deepspeed/zero2-offload.json"),
+}
+# How many run at once. A tiny run leaves the GPU idle most of its time: of its 25 s or so, most is process
+# start, imports, engine set-up and export (the first GPU ablation's untrained copies took 24-26 s). One after
+# another, the eight launches cost minutes of a 15-minute device session; together, about the longest one.
+JOBS = int(os.environ.get("ENCODER_DISTILL_GPU_TESTS_JOBS", len(RUNS)))
+
+
+def uses(*names: str) -> pytest.MarkDecorator:
+    """The launcher runs a test reads (``launched(name)``): those of the selected tests start together."""
+    assert set(names) <= set(RUNS), names
+    return pytest.mark.launcher_runs(*names)
+
+
+@pytest.fixture(scope="session")
+def launched(
+    request: pytest.FixtureRequest, tmp_path_factory, tiny_teacher_dir: Path, gpu_dataset_dir: Path
+) -> Iterator[Callable[[str], Path]]:
+    """Starts, at once, every launcher run that a selected, unskipped test uses; ``launched(name)`` waits for
+    one and returns its output directory (or raises what failed it). Each run is a launch of its own, with
+    its own port, directory and process group, so running them side by side changes none of its losses:
+    the same kernels on the same inputs."""
+    wanted = sorted(
+        {
+            name
+            for item in request.session.items
+            if not any(mark.args and mark.args[0] for mark in item.iter_markers("skipif"))
+            for mark in item.iter_markers("launcher_runs")
+            for name in mark.args
+        },
+        key=list(RUNS).index,
+    )
+    root = tmp_path_factory.mktemp("runs")
+    with ThreadPoolExecutor(max_workers=JOBS, thread_name_prefix="launch") as pool:
+        futures = {
+            name: pool.submit(RUNS[name][0], tiny_teacher_dir, gpu_dataset_dir, root / name, *RUNS[name][1:])
+            for name in wanted
+        }
+        yield lambda name: futures[name].result()
+        # leaving the pool waits for runs still going (a test that failed early does not stop them)
+
+
 def check_trained(out: Path) -> dict[int, dict[str, float]]:
     """Every step logged with finite losses, the loss fell, the run measured its GPU memory, a student exported."""
     losses = train_losses(out, LOSS_KEYS)
@@ -90,115 +149,14 @@ def check_trained(out: Path) -> dict[int, dict[str, float]]:
     return losses
 
 
-@pytest.fixture(scope="module")
-def zero_runs(tmp_path_factory, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> dict[int, Path]:
+@uses("zero1", "zero2", "zero3")
+def test_bf16_trains_with_zero_1_2_and_3(launched: Callable[[str], Path]) -> None:
     """One bf16 run per ZeRO stage, the same seed, data and config otherwise."""
-    return {
-        stage: run(
-            tiny_teacher_dir,
-            gpu_dataset_dir,
-            tmp_path_factory.mktemp(f"zero{stage}") / "run",
-            f"deepspeed.config=configs/deepspeed/zero{stage}.json",
-        )
-        for stage in (1, 2, 3)
-    }
-
-
-def test_bf16_trains_with_zero_1_2_and_3(zero_runs: dict[int, Path]) -> None:
-    losses = {stage: check_trained(out) for stage, out in zero_runs.items()}
+    losses = {stage: check_trained(launched(f"zero{stage}")) for stage in (1, 2, 3)}
     # Step 1 runs the same weights on the same masked batch in every stage: the same loss up to bf16
     # rounding in differently ordered reductions (2**-8 relative).
     for stage in (1, 3):
         assert losses[stage][1]["train/loss"] == pytest.approx(losses[2][1]["train/loss"], rel=1e-2)
-
-
-@cuda_only
-def test_fp16_overflowing_steps_are_skipped_not_fatal(
-    tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path
-) -> None:
-    """A loss scale of 2**32 overflows fp16 gradients: DeepSpeed skips those steps and halves the scale until
-    the gradients fit; the run goes on to train, where the non-finite guard would have stopped it (on CPU:
-    tests/trainer/test_launcher.py, in CI)."""
-    out = run(tiny_teacher_dir, gpu_dataset_dir, tmp_path / "run", *FP16_OVERFLOW, "max_steps=40")
-    check_fp16_overflows_were_skipped(out, 40)
-
-
-def test_killed_run_resumes_to_the_same_losses(
-    tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path, zero_runs: dict[int, Path]
-) -> None:
-    """Killed two steps after a checkpoint and relaunched, a run continues to the same losses.
-
-    The tolerance is the GPU's own run-to-run spread, measured: a second uninterrupted run of the same
-    config. Where its kernels are deterministic the spread is 0 and the resumed losses must be
-    bit-identical (up to 1e-6 relative); where some reduction is not (atomics in attention's backward),
-    the resumed run may differ by as much as two uninterrupted runs do, with a margin of 4x. A resume
-    that restored the wrong data position, optimizer state or schedule moves the losses by percent.
-    """
-    reference = train_losses(zero_runs[2], LOSS_KEYS)
-    again = train_losses(run(tiny_teacher_dir, gpu_dataset_dir, tmp_path / "again"), LOSS_KEYS)
-    out = tmp_path / "resumed"
-    kill_and_resume(
-        lambda: start(tiny_teacher_dir, gpu_dataset_dir, out), out, rank=0, max_steps=MAX_STEPS, timeout=RUN_TIMEOUT
-    )
-    resumed = train_losses(out, LOSS_KEYS)
-    assert sorted(resumed) == sorted(reference)
-    for step in reference:
-        for key, value in reference[step].items():
-            spread = abs(again[step][key] - value)
-            assert abs(resumed[step][key] - value) <= 4 * spread + 1e-6 * abs(value), (step, key, spread)
-
-
-def test_exported_student_fills_masks_on_the_gpu(zero_runs: dict[int, Path]) -> None:
-    from transformers import pipeline
-
-    fill = pipeline("fill-mask", model=str(zero_runs[2] / "student"), device=ON)
-    assert next(fill.model.parameters()).device.type == ON
-    predictions = fill("The [MASK] module provides regular expression matching.")
-    assert len(predictions) == 5 and all(0 <= p["score"] <= 1 for p in predictions)
-    assert all(isinstance(p["token_str"], str) and p["token_str"] for p in predictions)
-
-
-def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
-    zero_runs: dict[int, Path], tiny_teacher_dir: Path, gpu_dataset_dir: Path, tmp_path: Path, monkeypatch
-) -> None:
-    """``evaluate-mlm`` and the suite's linear probe compute on the GPU (the first GPU ablation found both on
-    the machine's CPU, minutes a model) and score what the CPU scores: the same masked tokens, and
-    figures equal up to float32 rounding in other kernels (a near-tied guess may flip: a few in a
-    thousand; for the probe, one of the 32 validation examples)."""
-    from common.config import load_config
-    from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm
-    from trainer.commands.evaluate_suite import SuiteConfig, evaluate_suite
-
-    student = str(zero_runs[2] / "student")
-    mlm = load_config(
-        EvaluateMlmConfig,
-        None,
-        [f"data={gpu_dataset_dir}", f'models=["{student}"]', f"teacher={tiny_teacher_dir}", "max_batches=4"],
-    )
-    probe_args = ["method=probe", "tasks=[wordnet-hypernym]", "train_size=64", "valid_size=32", "jobs=1"]
-    probe_args += ["mlflow.enabled=false"]
-
-    def scores(accelerator: str) -> tuple[dict, float]:
-        monkeypatch.setenv("DS_ACCELERATOR", accelerator)
-        held_out = evaluate_mlm(mlm)
-        suite = load_config(SuiteConfig, None, [*probe_args, f'models=["{student}"]', f"output={tmp_path / 'p.json'}"])
-        if accelerator == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        probed = evaluate_suite(suite)["models"][0]["average"]
-        if accelerator == "cuda":
-            assert torch.cuda.max_memory_allocated() > 0  # the probe's encoder ran there
-        return held_out, probed
-
-    here, probed = scores(ON)
-    reference, probed_on_cpu = scores("cpu")
-    assert here["device"].startswith(ON) and reference["device"] == "cpu"
-    [a], [b] = here["models"], reference["models"]
-    assert a["masked_tokens"] == b["masked_tokens"] > 0
-    assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)
-    assert a["hidden_cosine"] == pytest.approx(b["hidden_cosine"], rel=1e-4)
-    for key in ("mlm_accuracy", "top1_agreement"):
-        assert a[key] == pytest.approx(b[key], abs=5e-3)
-    assert probed == pytest.approx(probed_on_cpu, abs=1 / 32 + 1e-9)
 
 
 PRESETS = {  # each preset's objective, at the tiny teacher's width (64, 4 heads, 4 layers)
@@ -214,7 +172,8 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
     preset: str, padded: bool, tiny_teacher_dir: Path, gpu_dataset_dir: Path
 ) -> None:
     """Under ``torch.cuda.set_sync_debug_mode("error")`` any device-to-host wait raises: masking, the
-    Distiller's forward (teacher, student, every loss term of the preset) and backward have none."""
+    Distiller's forward (teacher, student, every loss term of the preset) and backward have none. (In this
+    process, while the launcher runs that the later tests read still train.)"""
     from common.config import load_config
     from common.tokenizer import load_tokenizer
     from trainer.config import TrainConfig
@@ -267,10 +226,89 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
     assert any(p.grad is not None for p in distiller.parameters())
 
 
-# Last: compiling DeepSpeed's CPU Adam on first use is the one slow, unpredictable part of the file.
-def test_zero2_with_cpu_offload_trains(tmp_path: Path, tiny_teacher_dir: Path, gpu_dataset_dir: Path) -> None:
-    """ZeRO-Offload: the optimizer state and step on the CPU (DeepSpeed's CPU Adam, compiled on first use)."""
-    out = run(
-        tiny_teacher_dir, gpu_dataset_dir, tmp_path / "run", "deepspeed.config=configs/deepspeed/zero2-offload.json"
+@cuda_only
+@uses("fp16")
+def test_fp16_overflowing_steps_are_skipped_not_fatal(launched: Callable[[str], Path]) -> None:
+    """A loss scale of 2**32 overflows fp16 gradients: DeepSpeed skips those steps and halves the scale until
+    the gradients fit; the run goes on to train, where the non-finite guard would have stopped it (on CPU:
+    tests/trainer/test_launcher.py, in CI)."""
+    check_fp16_overflows_were_skipped(launched("fp16"), 40)
+
+
+@uses("zero2", "again", "resumed")
+def test_killed_run_resumes_to_the_same_losses(launched: Callable[[str], Path]) -> None:
+    """Killed two steps after a checkpoint and relaunched, a run continues to the same losses.
+
+    The tolerance is the GPU's own run-to-run spread, measured: a second uninterrupted run of the same
+    config. Where its kernels are deterministic the spread is 0 and the resumed losses must be
+    bit-identical (up to 1e-6 relative); where some reduction is not (atomics in attention's backward),
+    the resumed run may differ by as much as two uninterrupted runs do, with a margin of 4x. A resume
+    that restored the wrong data position, optimizer state or schedule moves the losses by percent.
+    """
+    reference, again, resumed = (train_losses(launched(name), LOSS_KEYS) for name in ("zero2", "again", "resumed"))
+    assert sorted(resumed) == sorted(reference)
+    for step in reference:
+        for key, value in reference[step].items():
+            spread = abs(again[step][key] - value)
+            assert abs(resumed[step][key] - value) <= 4 * spread + 1e-6 * abs(value), (step, key, spread)
+
+
+@uses("zero2")
+def test_exported_student_fills_masks_on_the_gpu(launched: Callable[[str], Path]) -> None:
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(launched("zero2") / "student"), device=ON)
+    assert next(fill.model.parameters()).device.type == ON
+    predictions = fill("The [MASK] module provides regular expression matching.")
+    assert len(predictions) == 5 and all(0 <= p["score"] <= 1 for p in predictions)
+    assert all(isinstance(p["token_str"], str) and p["token_str"] for p in predictions)
+
+
+@uses("zero2")
+def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
+    launched: Callable[[str], Path], tiny_teacher_dir: Path, gpu_dataset_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``evaluate-mlm`` and the suite's linear probe compute on the GPU (the first GPU ablation found both on
+    the machine's CPU, minutes a model) and score what the CPU scores: the same masked tokens, and
+    figures equal up to float32 rounding in other kernels (a near-tied guess may flip: a few in a
+    thousand; for the probe, one of the 32 validation examples)."""
+    from common.config import load_config
+    from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm
+    from trainer.commands.evaluate_suite import SuiteConfig, evaluate_suite
+
+    student = str(launched("zero2") / "student")
+    mlm = load_config(
+        EvaluateMlmConfig,
+        None,
+        [f"data={gpu_dataset_dir}", f'models=["{student}"]', f"teacher={tiny_teacher_dir}", "max_batches=4"],
     )
-    check_trained(out)
+    probe_args = ["method=probe", "tasks=[wordnet-hypernym]", "train_size=64", "valid_size=32", "jobs=1"]
+    probe_args += ["mlflow.enabled=false"]
+
+    def scores(accelerator: str) -> tuple[dict, float]:
+        monkeypatch.setenv("DS_ACCELERATOR", accelerator)
+        held_out = evaluate_mlm(mlm)
+        suite = load_config(SuiteConfig, None, [*probe_args, f'models=["{student}"]', f"output={tmp_path / 'p.json'}"])
+        if accelerator == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        probed = evaluate_suite(suite)["models"][0]["average"]
+        if accelerator == "cuda":
+            assert torch.cuda.max_memory_allocated() > 0  # the probe's encoder ran there
+        return held_out, probed
+
+    here, probed = scores(ON)
+    reference, probed_on_cpu = scores("cpu")
+    assert here["device"].startswith(ON) and reference["device"] == "cpu"
+    [a], [b] = here["models"], reference["models"]
+    assert a["masked_tokens"] == b["masked_tokens"] > 0
+    assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)
+    assert a["hidden_cosine"] == pytest.approx(b["hidden_cosine"], rel=1e-4)
+    for key in ("mlm_accuracy", "top1_agreement"):
+        assert a[key] == pytest.approx(b[key], abs=5e-3)
+    assert probed == pytest.approx(probed_on_cpu, abs=1 / 32 + 1e-9)
+
+
+@uses("offload")
+def test_zero2_with_cpu_offload_trains(launched: Callable[[str], Path]) -> None:
+    """ZeRO-Offload: the optimizer state and step on the CPU (DeepSpeed's CPU Adam, compiled on first use)."""
+    check_trained(launched("offload"))
