@@ -102,3 +102,15 @@ def test_each_package_imports_alone(package: str) -> None:
         [sys.executable, "-c", code, *names], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_no_test_folder_is_named_like_a_package_it_could_hide() -> None:
+    """pytest puts ``tests/`` first on ``sys.path``, so a folder there is importable by its name, as a namespace
+    package. Where the real package of that name is absent (the GPU machine has no mlflow), ``import NAME`` then
+    finds the test folder instead: DeepSpeed's ``try: import mlflow`` did, and the tests' MLflow clean-up then
+    failed on it. Only this project's own packages may share a name, since a regular package wins."""
+    from importlib.metadata import packages_distributions
+
+    folders = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    importable = set(packages_distributions()) | set(sys.stdlib_module_names)
+    assert folders & importable - set(PACKAGES) == set()

