@@ -1,9 +1,11 @@
 """The GPU path, proven on a real GPU: ``pytest -m gpu tests/gpu`` (the campaign's ``benchmarks/gpu/run.sh``).
 
-Skipped where no CUDA device is present (CI never needs them). Each test starts the real launcher,
+Skipped where no CUDA device is present (CI never needs them). The tests read runs of the real launcher,
 ``deepspeed --num_gpus 1 launch/run.sh configs/tiny-cpu.yaml ...``, with the tiny BERT teacher of
 ``tests/helpers.py`` and real shards made by the preprocessing pipeline: ``ENCODER_DISTILL_GPU_DATA``
 (the GPU machine has no Beam; ``make gpu-data`` writes ``.gpu/data-128``), else the session's tiny dataset.
+The runs that the selected tests read start together (``launched``), and the tests that run in this
+process (sync-free step, held-out scores) overlap them.
 
 ``ENCODER_DISTILL_GPU_TESTS_ON=cpu`` runs the same bodies on a CPU rank (DS_ACCELERATOR=cpu), except the
 checks only CUDA can make (fp16 loss scaling, CUDA's sync debug mode): a dry run of everything else,
