@@ -62,6 +62,9 @@ class Positions:
         rows = torch.arange(x.shape[0], device=x.device)[:, None]
         return x[rows, self.index]
 
+    def to(self, device: torch.device) -> Positions:
+        return Positions(None if self.index is None else self.index.to(device), self.valid.to(device))
+
 
 @dataclasses.dataclass
 class MaskedBatch:
@@ -88,9 +91,8 @@ class MaskedBatch:
 
     def to(self, device: torch.device) -> MaskedBatch:
         """The same batch on ``device``."""
-        index = self.positions.index
-        positions = Positions(None if index is None else index.to(device), self.positions.valid.to(device))
-        return MaskedBatch(self.input_ids.to(device), self.labels.to(device), positions, self.targets.to(device))
+        moved = (self.input_ids.to(device), self.labels.to(device), self.positions.to(device), self.targets.to(device))
+        return MaskedBatch(*moved)
 
 
 def seeded_generator(*entropy: int, device: torch.device | str = "cpu") -> torch.Generator:
