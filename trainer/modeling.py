@@ -98,6 +98,20 @@ def load_teacher(name_or_path: str, dtype: torch.dtype) -> PreTrainedModel:
     return model.eval()
 
 
+def attention_bias(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A ``[batch, seq]`` padding mask as the ``[batch, 1, 1, seq]`` boolean mask that SDPA broadcasts
+    over heads and queries (True: attend); None (no padding) stays None.
+
+    Hugging Face's encoders take a 4-D mask as it is. Given a 2-D one, they first ask whether it has
+    any padding at all (``padding_mask.all()`` in ``transformers.masking_utils``), to drop a mask that
+    masks nothing: the answer is read back to the host, so every padded step waited there for the GPU
+    (``torch.cuda.set_sync_debug_mode("error")`` raised there on an H200, docs/gpu-campaign). A caller
+    that decides "no padding" on the host already (passing None) loses nothing by skipping the check.
+    The values are those Hugging Face builds, so the outputs are the same.
+    """
+    return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+
+
 def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     """The transformer layers of a BERT-style model (``base_model.encoder.layer``)."""
     layers = getattr(getattr(model.base_model, "encoder", None), "layer", None)

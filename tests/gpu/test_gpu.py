@@ -14,6 +14,7 @@ so that a GPU session spends its minutes on the GPU, not on the tests' own bugs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -174,7 +175,8 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
     preset: str, padded: bool, tiny_teacher_dir: Path, gpu_dataset_dir: Path
 ) -> None:
     """Under ``torch.cuda.set_sync_debug_mode("error")`` any device-to-host wait raises: masking, the
-    Distiller's forward (teacher, student, every loss term of the preset) and backward have none. (In this
+    Distiller's forward (teacher, student, every loss term of the preset) and backward have none. On a CPU
+    rank, :class:`HostReads` raises at the operators that would wait on a GPU. (In this
     process, while the launcher runs that the later tests read still train.)"""
     from common.config import load_config
     from common.tokenizer import load_tokenizer
@@ -183,6 +185,7 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
     from trainer.objective.distiller import Distiller
     from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
     from trainer.runtime.data import TrainLoader, open_dataset, padding_mask
+    from trainer.runtime.host_reads import HostReads
 
     overrides = [f"teacher={tiny_teacher_dir}", f"data={gpu_dataset_dir}", "output_dir=unused", "micro_batch_size=4"]
     overrides += ["loader.num_workers=0", *PRESETS[preset]]
@@ -216,11 +219,14 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
 
     step()  # the first call may initialise lazily (cuBLAS handles, autotuning), which is not a step's work
     distiller.zero_grad(set_to_none=True)
+    # On a CPU rank nothing waits, but the operators that would wait on a GPU are seen as they dispatch.
+    watch = contextlib.nullcontext() if ON == "cuda" else HostReads(fail=True)
     if ON == "cuda":
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = step()
+        with watch:
+            loss = step()
     finally:
         if ON == "cuda":
             torch.cuda.set_sync_debug_mode("default")

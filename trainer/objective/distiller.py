@@ -20,7 +20,8 @@ One step computes only what the weighted terms need (a zero weight means not com
 
 Pass ``attention_mask=None`` for a batch without padding (the packed common case; decide it on
 the host before the batch is copied to the device): the model then takes SDPA's unmasked
-(flash) path, and Hugging Face does not check the mask's contents on the host.
+(flash) path. A padded batch's ``[batch, seq]`` mask reaches the encoders as the 4-D mask of
+:func:`trainer.modeling.attention_bias`, whose contents Hugging Face does not check on the host.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
 from trainer.config import ObjectiveConfig, TrainConfig
-from trainer.modeling import base_config, check_student, has_mlm_head, mlm_head, student_config
+from trainer.modeling import attention_bias, base_config, check_student, has_mlm_head, mlm_head, student_config
 from trainer.objective.capture import capture
 from trainer.objective.layer_distillation import LayerDistillation, method_class
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
@@ -176,21 +177,18 @@ class Distiller(nn.Module):
         """One micro-batch, as the masker made it."""
         input_ids, masked = batch.input_ids, batch.positions
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        bias = attention_bias(attention_mask)  # what the encoders take, for both models
         logits_at = masked if self.objective.ce_positions == "masked" else Positions(index=None, valid=real)
         student_spec, teacher_spec = self.capture_specs
         with capture(self.student, student_spec) as student_layers:
-            student_hidden = self.student.base_model(
-                input_ids=input_ids, attention_mask=attention_mask
-            ).last_hidden_state
+            student_hidden = self.student.base_model(input_ids=input_ids, attention_mask=bias).last_hidden_state
         student_head = mlm_head(self.student)
 
         terms: dict[str, torch.Tensor] = {}
         student_logits = None  # at logits_at, when a logit loss needs them
         if self.layer_distillation.weights or any(name in self.weights for name in TEACHER_TERMS):
             with torch.no_grad(), capture(self.teacher, teacher_spec) as teacher_layers:
-                teacher_hidden = self.teacher.base_model(
-                    input_ids=input_ids, attention_mask=attention_mask
-                ).last_hidden_state
+                teacher_hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=bias).last_hidden_state
             terms.update(self.layer_distillation(student_layers, teacher_layers, real))
             if "cos" in self.weights:
                 terms["cos"] = self.losses["cos"](student_hidden, teacher_hidden, real)
@@ -230,13 +228,12 @@ class Distiller(nn.Module):
         and teacher top-1 predictions equal).
         """
         input_ids, masked, targets = batch.input_ids, batch.positions, batch.targets
+        bias = attention_bias(attention_mask)
         valid = masked.valid.float()
         was_training = self.student.training
         self.student.eval()
         try:
-            student_hidden = self.student.base_model(
-                input_ids=input_ids, attention_mask=attention_mask
-            ).last_hidden_state
+            student_hidden = self.student.base_model(input_ids=input_ids, attention_mask=bias).last_hidden_state
             student_logits = mlm_head(self.student)(masked.take(student_hidden))
         finally:
             self.student.train(was_training)
@@ -252,7 +249,7 @@ class Distiller(nn.Module):
         same_width = self.teacher.config.hidden_size == self.student.config.hidden_size
         if teacher_head is None and not same_width:
             return sums  # nothing to compare with
-        teacher_hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        teacher_hidden = self.teacher.base_model(input_ids=input_ids, attention_mask=bias).last_hidden_state
         if same_width:
             real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
             n_real = real.float().sum()
