@@ -8,12 +8,13 @@ the project's GPU time is a few minutes a session. The reads go through a few AT
 device, though, so a dispatch mode that watches for them finds them on a CPU too: CI keeps the step
 free of them between GPU sessions (tests/gpu/test_gpu.py on a CPU rank).
 
-What counts as a read: the operators that return a host value (``_local_scalar_dense``, behind
-``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``; ``is_nonzero``; ``equal``) and those whose output
-size depends on the data (``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without an
-output size). A read made inside another operator's C++ kernel (boolean indexing's own ``nonzero``)
-passes below the dispatcher's Python layer and is not seen, so on a GPU the sync debug mode remains
-the authority.
+What counts as a read (:func:`is_host_read`): the operators that return a host value
+(``_local_scalar_dense``, behind ``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``, and which the
+composite ``is_nonzero`` and ``allclose`` reach a dispatch mode as; ``equal``), those whose output size
+depends on the data (``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without an
+output size) and indexing with a boolean mask (a hidden ``nonzero``). Not one: ``_assert_async``,
+which fails on the device without the host waiting. Not seen on a CPU: ``.cpu()`` and ``.tolist()``
+of a device tensor, which are no-ops there; on a GPU the sync debug mode remains the authority.
 """
 
 from __future__ import annotations
@@ -26,19 +27,21 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
-HOST_READ_OPS = frozenset(
-    {
-        aten._local_scalar_dense,
-        aten.is_nonzero,
-        aten.equal,
-        aten.nonzero,
-        aten.masked_select,
-        aten._unique2,
-        aten.unique_dim,
-        aten.unique_consecutive,
-        aten.repeat_interleave,
-    }
-)
+ALWAYS = {aten._local_scalar_dense.default, aten.equal.default, aten.nonzero.default, aten.masked_select.default}
+ALWAYS |= {aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default}
+ALWAYS |= {aten.repeat_interleave.Tensor}  # its output_size= overload is .Tensor too: checked below
+BOOL_INDEX = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+
+def is_host_read(func: OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether the operator, on these arguments, needs a tensor's value on the host."""
+    if func is aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is None
+    if func in ALWAYS:
+        return True
+    return func in BOOL_INDEX and any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or [])
+    )
 
 
 class HostReadError(RuntimeError):
@@ -64,9 +67,7 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: OpOverload, types: tuple, args: tuple = (), kwargs: dict | None = None):
         kwargs = kwargs or {}
-        # repeat_interleave given its output_size knows its size without reading the data
-        sized = func.overloadpacket is aten.repeat_interleave and kwargs.get("output_size") is not None
-        if func.overloadpacket in HOST_READ_OPS and not sized:
+        if is_host_read(func, args, kwargs):
             site = caller()
             if self.fail:
                 raise HostReadError(f"{func} reads a device value back to the host at {site}")
