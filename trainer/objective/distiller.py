@@ -33,7 +33,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from common.config import require
 from trainer.config import ObjectiveConfig, TrainConfig
 from trainer.modeling import attention_bias, base_config, check_student, has_mlm_head, mlm_head, student_config
-from trainer.objective.capture import capture
+from trainer.objective.capture import capture, encoder_parts
 from trainer.objective.layer_distillation import LayerDistillation, method_class
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
 from trainer.objective.masking import MaskedBatch, Positions
@@ -138,8 +138,8 @@ class Distiller(nn.Module):
         return self._teacher[0]
 
     def compile_models(self) -> None:
-        """``torch.compile``, in place, what a step calls: each model's encoder and MLM head, the layer
-        methods, and the output-level loss functions.
+        """``torch.compile``, in place, what a step calls: each model's embeddings, layer stack and MLM
+        head, the layer methods, and the output-level loss functions.
 
         Not the top-level models: a step calls their encoder (``base_model``) and head directly, the
         head only at the positions a loss reads, so compiling a top-level ``forward`` would compile
@@ -152,7 +152,14 @@ class Distiller(nn.Module):
         for model in (self.student, self.teacher):
             if model is None:
                 continue
-            model.base_model.compile()
+            # The embeddings and the layer stack, not base_model, whose forward decides the attention mask. Traced,
+            # transformers 5.17 (the GPU machines') cannot tell "no mask" from a mask being traced: it builds a full
+            # [batch, 1, seq, seq] one with a zero stride, and SDPA leaves its flash and memory-efficient kernels
+            # for the unfused math path in every layer (the H200 measured the compiled step at 0.62x eager, with
+            # twice the memory; the mask seen on CPU under 5.17, docs/benchmarks.md). Eager, it passes None on.
+            embeddings, _ = encoder_parts(model)
+            embeddings.compile()
+            model.base_model.encoder.compile()
             head = mlm_head(model)
             if head is not None:
                 head.compile()
