@@ -95,10 +95,19 @@ def full_cases() -> list[Case]:
     presets at 512, and the DistilBERT recipe's 4096-sequence global batch through gradient accumulation.
     The first is the headline (``--only headline``): the issue's targets are set at 512 tokens."""
     cases = [Case("distilbert-512-mb32", "distilbert-base", 512, 32)]
-    # the headline as it ran before deepspeed_config turned DeepSpeed's throughput timer off (two device syncs
-    # a step: benchmarks/host_reads.py), for the ratio side by side
-    timers = "deepspeed.config=benchmarks/gpu/zero2-deepspeed-timers.json"
-    cases += [Case("distilbert-512-mb32-deepspeed-timers", "distilbert-base", 512, 32, overrides=[timers])]
+    # The headline with one DeepSpeed setting changed, for ratios measured side by side (docs/benchmarks.md,
+    # "Why the engine runs at half the bare step"): the throughput timer back on (two device syncs a step, as
+    # before deepspeed_config turned it off); ZeRO-2 without overlap_comm (a sync after every backward, which
+    # pays only on several GPUs); ZeRO-1, for what ZeRO-2's gradient partitioning costs on one GPU.
+    variants = {
+        "deepspeed-timers": "benchmarks/gpu/zero2-deepspeed-timers.json",
+        "no-overlap": "benchmarks/gpu/zero2-no-overlap.json",
+        "zero1": "configs/deepspeed/zero1.json",
+    }
+    for name, ds_json in variants.items():
+        cases += [
+            Case(f"distilbert-512-mb32-{name}", "distilbert-base", 512, 32, overrides=[f"deepspeed.config={ds_json}"])
+        ]
     cases += [Case(f"distilbert-128-mb{m}", "distilbert-base", 128, m) for m in (64, 128, 256)]
     cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (16, 64)]
     cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
