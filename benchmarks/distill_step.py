@@ -36,13 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,6 +62,7 @@ from trainer.modeling import (
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
+from trainer.runtime.profiling import profile_markdown, profiler_activities, summarize, synchronize
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
 GPU_PEAK_BF16 = {
@@ -77,82 +78,17 @@ GPU_PEAK_BF16 = {
 
 
 # What an optimisation would target, by op name (aten ops; CUDA kernel names on the GPU). First match wins.
-OP_CATEGORIES = (
-    ("attention", r"attention|flash|fmha|sdpa"),
-    ("matmul", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$|gemm|cutlass|sm90_xmma|nvjet"),
-    ("softmax and losses", r"softmax|kl_div|cross_entropy|nll_loss|logsumexp|cosine"),
-    ("masking and gathers", r"index|gather|scatter|multinomial|masked|where|bernoulli|rand|isin"),
-    ("norms and activations", r"layer_norm|gelu|dropout|tanh"),
-    ("optimizer", r"adam|_foreach_"),
-    ("copies and casts", r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|fill_|zero_)$|memcpy|memset"),
-)
-
-
-def op_category(name: str) -> str:
-    return next((category for category, pattern in OP_CATEGORIES if re.search(pattern, name, re.IGNORECASE)), "other")
-
-
 def profile_steps(step: Any, first: int, count: int, device: torch.device) -> dict[str, Any]:
-    """Where ``count`` steps spend their time, per step: categories, top ops, (CUDA) top kernels and busy share.
-
-    Time is the ops' self time on the device (CUDA: the kernels each op launched; CPU: the op's own
-    CPU time), so nothing is counted twice: a matmul inside ``linear`` counts once, under matmul.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    on_cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    """Where ``count`` steps spend their time, per step, as ``trainer.runtime.profiling`` summarises a run's
+    profiled steps: categories, top ops, (CUDA) top kernels and busy share."""
     synchronize(device)
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(activities=profiler_activities(device)) as prof:
         for i in range(count):
             step(first + i)
         synchronize(device)
     wall_ms = (time.perf_counter() - start) * 1e3 / count
-    averages = prof.key_averages()
-
-    def per_step_ms(event: Any) -> float:  # the profiler reports microseconds over all steps
-        return (event.self_device_time_total if on_cuda else event.self_cpu_time_total) / 1e3 / count
-
-    ops = [e for e in averages if e.device_type == torch.autograd.DeviceType.CPU and per_step_ms(e) > 0]
-    categories: dict[str, float] = {}
-    for event in ops:
-        categories[op_category(event.key)] = categories.get(op_category(event.key), 0.0) + per_step_ms(event)
-    ops.sort(key=per_step_ms, reverse=True)
-    result: dict[str, Any] = {
-        "steps": count,
-        "time": "device (CUDA kernels)" if on_cuda else "cpu",
-        "wall_ms_per_step": wall_ms,
-        "categories_ms_per_step": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
-        "top_ops": [[e.key, round(per_step_ms(e), 3), e.count // count] for e in ops[:15]],
-    }
-    if on_cuda:
-        kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
-        busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / count
-        result["busy_share"] = busy_ms / wall_ms
-        result["top_kernels"] = [[e.key[:120], round(e.self_device_time_total / 1e3 / count, 3)] for e in kernels[:15]]
-    return result
-
-
-def profile_markdown(profile: dict[str, Any]) -> str:
-    """The profile as Markdown tables: categories (ms per step and share), then the top ops and kernels."""
-    total = sum(profile["categories_ms_per_step"].values()) or 1.0
-    busy = f", GPU busy {profile['busy_share']:.0%} of wall time" if "busy_share" in profile else ""
-    lines = [
-        f"Profile of {profile['steps']} steps, {profile['time']} time: {profile['wall_ms_per_step']:.1f} ms wall "
-        f"per step{busy}.",
-        "",
-        "| category | ms/step | share |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {k} | {v:.2f} | {v / total:.0%} |" for k, v in profile["categories_ms_per_step"].items()]
-    lines += ["", "| top op | ms/step | calls/step |", "|---|---|---|"]
-    lines += [f"| `{name}` | {ms:.2f} | {calls} |" for name, ms, calls in profile["top_ops"][:10]]
-    if profile.get("top_kernels"):
-        lines += ["", "| top kernel | ms/step |", "|---|---|"]
-        lines += [f"| `{name}` | {ms:.2f} |" for name, ms in profile["top_kernels"][:10]]
-    return "\n".join(lines)
+    return summarize(prof, count, wall_ms, device.type == "cuda")
 
 
 def gpu_peak(name: str) -> float | None:
@@ -170,11 +106,6 @@ def measured_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2
         a @ b
     synchronize(device)
     return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def host_syncs(device: torch.device, forward_backward: Any) -> str:

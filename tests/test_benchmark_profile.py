@@ -12,7 +12,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.distill_step import op_category, profile_markdown, profile_steps
+from benchmarks.distill_step import profile_steps
+from trainer.runtime.profiling import op_category, profile_markdown
 
 
 @pytest.mark.parametrize(

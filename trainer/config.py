@@ -260,6 +260,17 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass
+class ProfileConfig:
+    steps: int = 0  # 0: off; else torch.profiler over this many steps (trainer/runtime/profiling.py)
+    start_step: int = 10  # the first profiled step: after the first steps' compilation, autotuning and caches
+    trace: bool = False  # also each rank's timeline, for Perfetto (tens of MB a step at full size)
+
+    def validate(self) -> None:
+        require(self.steps >= 0, "profile.steps", "must be >= 0")
+        require(self.start_step >= 1, "profile.start_step", "must be >= 1")
+
+
+@dataclasses.dataclass
 class TrainConfig:
     teacher: str | None  # Hugging Face masked-LM: local directory or hub id; null: pretraining, L_mlm alone
     data: str  # dataset directory written by `python -m preprocessing`
@@ -279,6 +290,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # defined in trainer/tracking/config.py
 
     def validate(self) -> None:
@@ -292,6 +304,12 @@ class TrainConfig:
             "trains the student's hidden states, which student.trainable=head freezes; set it to 0",
         )
         require(self.max_steps >= 0, "max_steps", "must be >= 0")
+        last_profiled = self.profile.start_step + self.profile.steps - 1
+        require(
+            self.profile.steps == 0 or last_profiled <= self.max_steps,
+            "profile.start_step",
+            f"profiles steps {self.profile.start_step}-{last_profiled}, past max_steps ({self.max_steps})",
+        )
         require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
         require(
             self.global_batch_size >= self.micro_batch_size and self.global_batch_size % self.micro_batch_size == 0,

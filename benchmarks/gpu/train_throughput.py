@@ -47,12 +47,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.distill_step import profile_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
 from trainer.commands.plan import build_plan
 from trainer.config import TrainConfig
 from trainer.modeling import load_teacher_config
+from trainer.runtime.profiling import profile_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 H100_BF16_DENSE = 989e12  # FLOP/s, the datasheet figure the issue measures MFU against
@@ -108,6 +108,7 @@ def full_cases() -> list[Case]:
         cases += [
             Case(f"distilbert-512-mb32-{name}", "distilbert-base", 512, 32, overrides=[f"deepspeed.config={ds_json}"])
         ]
+    cases += [profiled(Case("distilbert-512-mb32-profiled", "distilbert-base", 512, 32, steps=13, log_every=10))]
     cases += [Case(f"distilbert-128-mb{m}", "distilbert-base", 128, m) for m in (64, 128, 256)]
     cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (16, 64)]
     cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
@@ -116,6 +117,13 @@ def full_cases() -> list[Case]:
     # compile=true through the real engine (its compilation falls in the first log interval, which is not counted)
     cases += [Case("distilbert-512-mb32-compiled", "distilbert-base", 512, 32, overrides=["compile=true"])]
     return cases
+
+
+def profiled(case: Case) -> Case:
+    """The case with its last 3 steps under the profiler (``profile.steps``): where the engine step's time goes.
+    Its tokens/s are those of the profiled steps, slowed by the profiler: the profile is the figure."""
+    case.overrides += ["profile.steps=3", f"profile.start_step={case.steps - 2}"]
+    return case
 
 
 def quick_cases() -> list[Case]:
@@ -127,6 +135,7 @@ def quick_cases() -> list[Case]:
     cases += [
         Case("distilbert-128-mb2-compiled", "distilbert-base", 128, 2, steps=4, log_every=2, overrides=["compile=true"])
     ]
+    cases += [profiled(Case("distilbert-128-mb2-profiled", "distilbert-base", 128, 2, steps=5, log_every=2))]
     return cases
 
 
@@ -225,6 +234,8 @@ def run_case(
         result["error"] = log_path.read_text()[-2000:]
     result.update(summarize(out))
     result.update(planned(case, overrides))
+    if (out / "profile-rank0.json").is_file():  # profile.steps: rank 0's summary (trainer/runtime/profiling.py)
+        result["profile"] = json.loads((out / "profile-rank0.json").read_text())
     if "tokens_per_s" in result and peak:
         result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
     return result
@@ -308,6 +319,12 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["steps"]:
         if r.get("profile"):
             heading = f"Where the bare step's time goes ({' '.join(r['args'])}):"
+            lines += ["", heading, "", profile_markdown(r["profile"])]
+    for r in report["cases"]:
+        if r.get("profile"):
+            heading = (
+                f"Where the engine step's time goes ({r['name']}, steps {r['profile']['first_step']}-{r['steps']}):"
+            )
             lines += ["", heading, "", profile_markdown(r["profile"])]
     return "\n".join(lines) + "\n"
 

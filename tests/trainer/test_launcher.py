@@ -108,8 +108,10 @@ def consumed_samples(trace: Path, steps_per_rank: int | None = None) -> collecti
 
 @pytest.fixture(scope="module")
 def zero3_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
+    """Also profiles steps 3 and 4 (the profiler changes no number: its losses are the reference run's)."""
     out = tmp_path_factory.mktemp("zero3") / "run"
-    return run(tiny_teacher_dir, tiny_dataset_dir, out, "deepspeed.config=configs/deepspeed/zero3.json")
+    profile = ("profile.steps=2", "profile.start_step=3", "profile.trace=true")
+    return run(tiny_teacher_dir, tiny_dataset_dir, out, "deepspeed.config=configs/deepspeed/zero3.json", *profile)
 
 
 def check_finished_run(output_dir: Path) -> None:
@@ -181,6 +183,17 @@ def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run:
     zero2, zero3 = train_losses(reference_run), train_losses(zero3_run)
     for step in zero2:
         assert zero3[step]["train/loss"] == pytest.approx(zero2[step]["train/loss"], rel=1e-4)
+
+
+def test_profiled_steps_say_where_each_ranks_time_went(zero3_run: Path) -> None:
+    """``profile.steps``: each rank writes its summary (JSON and Markdown) and its timeline."""
+    for rank in (0, 1):
+        summary = json.loads((zero3_run / f"profile-rank{rank}.json").read_text())
+        assert summary["steps"] == 2 and summary["first_step"] == 3 and summary["time"] == "cpu"
+        assert summary["categories_ms_per_step"]["matmul"] > 0 and summary["wall_ms_per_step"] > 0
+        assert any(name.startswith("aten::") for name, _, _ in summary["top_ops"])
+        assert "| category | ms/step | share |" in (zero3_run / f"profile-rank{rank}.md").read_text()
+        assert json.loads((zero3_run / f"profile-rank{rank}-trace.json").read_text())["traceEvents"]
 
 
 def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
 from trainer.runtime.optim import follow_schedule
+from trainer.runtime.profiling import step_profiler
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import start_tracker
 
@@ -136,11 +137,13 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     meter = StepMeter(cfg.global_batch_size)
     metrics_log = MetricsLog(output_dir, is_main=world.is_main, max_steps=cfg.max_steps, start_step=step)
     guard = FiniteGuard(world.device)
+    profiler = step_profiler(cfg.profile, output_dir, world.rank, world.device)
 
     accumulation = engine.gradient_accumulation_steps()
     while step < cfg.max_steps:
         reseed(cfg.seed, step, world.rank)  # dropout: the same random stream after a resume
         lr = engine.get_lr()[0]
+        profiler.step_begins(step + 1)
         for micro in range(accumulation):
             waited = time.perf_counter()
             batch = next(loader)["input_ids"]
@@ -163,6 +166,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         if engine.was_step_applied():
             guard.observe(step, grad_norm)
         meter.end_step(step, lr, grad_norm)
+        profiler.step_ended(step)
 
         eval_due = step % cfg.eval.every_steps == 0 or step == cfg.max_steps
         log_due = eval_due or step % cfg.logging.every_steps == 0
