@@ -228,13 +228,17 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
     ids=["distilbert", "tinybert-layer-hooks"],
 )
 def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
-    student, teacher, batch, objective: ObjectiveConfig
+    tiny_teacher_dir: Path, batch, objective: ObjectiveConfig
 ) -> None:
     """``compile=true``: what a step calls (encoders, heads, layer methods, output losses) is compiled, hooks of
     the layer methods included, with the eager step's numbers and no graph break; later steps reuse the graphs
-    (the hooks come and go every step)."""
+    (the hooks come and go every step). On models as a run loads them: the module fixtures were asked for
+    ``output_hidden_states`` (dense_terms), which installs Hugging Face's output hooks, and a run never does."""
     import torch._dynamo
 
+    teacher = load_teacher(str(tiny_teacher_dir), torch.float32)
+    torch.manual_seed(0)
+    student = build_student(StudentConfig(), teacher).eval()
     torch._dynamo.reset()
     breaks_before = sum(torch._dynamo.utils.counters["graph_break"].values())
     eager = Distiller(copy.deepcopy(student), teacher, objective)

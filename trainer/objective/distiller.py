@@ -157,6 +157,8 @@ class Distiller(nn.Module):
             # [batch, 1, seq, seq] one with a zero stride, and SDPA leaves its flash and memory-efficient kernels
             # for the unfused math path in every layer (the H200 measured the compiled step at 0.62x eager, with
             # twice the memory; the mask seen on CPU under 5.17, docs/benchmarks.md). Eager, it passes None on.
+            # (Under 5.17 a model once asked for output_hidden_states keeps output hooks that read a ContextVar,
+            # which would break these graphs at every layer; a run never asks.)
             embeddings, _ = encoder_parts(model)
             embeddings.compile()
             model.base_model.encoder.compile()
