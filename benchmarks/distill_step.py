@@ -77,7 +77,6 @@ GPU_PEAK_BF16 = {
 }
 
 
-# What an optimisation would target, by op name (aten ops; CUDA kernel names on the GPU). First match wins.
 def profile_steps(step: Any, first: int, count: int, device: torch.device) -> dict[str, Any]:
     """Where ``count`` steps spend their time, per step, as ``trainer.runtime.profiling`` summarises a run's
     profiled steps: categories, top ops, (CUDA) top kernels and busy share."""

@@ -109,10 +109,10 @@ class NoProfiler:
     """``profile.steps=0``: the loop calls the same two methods, which do nothing."""
 
     def step_begins(self, step: int) -> None:
-        pass
+        """Before step ``step``'s first micro-batch (1-based)."""
 
     def step_ended(self, step: int) -> None:
-        pass
+        """After step ``step``'s optimizer step."""
 
 
 class StepProfiler(NoProfiler):
