@@ -10,6 +10,12 @@ steps, by loop phase and by the nearest frame outside torch, every aten op that 
 explicit syncs are counted too (``watch_syncs``), with those it skips on the CPU. Counted here but
 host-only on CUDA: reads of tensors that stay on the host there (the host batch; the step counter of a
 non-fused AdamW, while build_engine fuses it on CUDA).
+
+Then it counts every aten op of the same steps, by phase and by the nearest frame outside torch that
+issued it. On CUDA each op passes through the dispatcher on the host, and most launch a kernel: a step
+whose ops take the host longer to issue than the GPU to run is bound by the host (docs/benchmarks.md,
+"Host work per step"). The model's backward ops show as issued by DeepSpeed's ``backward``, which calls
+autograd. ``compile=true`` is not applied here.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from trainer.runtime.host_reads import is_host_read
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_DIR = str(Path(torch.__file__).parent)
+TOP_ISSUERS = 6  # per phase, in the ops table
 
 
 def site(frames: traceback.StackSummary) -> tuple[str, str]:
@@ -52,15 +59,31 @@ def name(frame: traceback.FrameSummary) -> str:
     return f"{path}:{frame.lineno} {frame.name}"
 
 
+def issuer() -> str:
+    """``path function`` of the nearest frame outside torch (and this file): who issued the op being dispatched.
+    The model's backward ops, which the autograd engine issues, show as the frame that called ``backward``."""
+    frame = sys._getframe(2)
+    while frame.f_code.co_filename.startswith(TORCH_DIR) or frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    path = frame.f_code.co_filename
+    for root in (str(Path(TORCH_DIR).parent) + "/", str(REPO) + "/"):
+        path = path.removeprefix(root)
+    return f"{path} {frame.f_code.co_name}"
+
+
 class PhasedReads(TorchDispatchMode):
-    """Counts host reads by (phase, op, site) while ``counting``; :meth:`phased` names the phases."""
+    """Counts host reads by (phase, op, site), and every op by (phase, issuer), while ``counting``;
+    :meth:`phased` names the phases."""
 
     def __init__(self) -> None:
         super().__init__()
         self.phase, self.counting = "loop, other lines", False
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        self.ops: Counter[tuple[str, str]] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if self.counting:  # every op: on CUDA, a kernel launch or at least a pass through the dispatcher
+            self.ops[(self.phase, issuer())] += 1
         if is_host_read(func, args, kwargs or {}):
             self.note(func.__name__.removesuffix(".default"))
         return func(*args, **(kwargs or {}))
@@ -185,6 +208,16 @@ def main() -> None:
     for (phase, op, caller, via), n in sorted(reads.counts.items()):
         print(f"{n / ns.steps:>8g}  {phase:<34} {op:<24} {caller}" + (f" [{via}]" if via else ""))
     print(f"{sum(reads.counts.values()) / ns.steps:>8g}  total")
+
+    print(f"\naten ops per step by phase, over the same steps (the {TOP_ISSUERS} largest issuers; the rest as 'other')")
+    print(f"{'per step':>8}  {'phase':<34} issued by (nearest frame outside torch)")
+    for phase in sorted({phase for phase, _ in reads.ops}):
+        issued = Counter({who: n for (p, who), n in reads.ops.items() if p == phase})
+        top = issued.most_common(TOP_ISSUERS)
+        rest = sum(issued.values()) - sum(n for _, n in top)
+        for who, n in top + ([("other", rest)] if rest else []):
+            print(f"{n / ns.steps:>8g}  {phase:<34} {who}")
+    print(f"{sum(reads.ops.values()) / ns.steps:>8g}  total")
 
 
 if __name__ == "__main__":

@@ -226,9 +226,20 @@ class DeepSpeedConfig:
     # fp16 only: dynamic loss scaling starts at 2**initial_scale_power and halves after overflowing steps,
     # which are skipped (not errors). A very large value forces overflows: how the GPU tests exercise it.
     initial_scale_power: int = 16
+    # bf16 only. false: every step is applied, and the trainer's FiniteGuard stops the run at the first
+    # non-finite loss or gradient norm, before anything is saved. true: DeepSpeed checks every gradient for
+    # inf/NaN before each optimizer step and skips such a step (its bf16.check_grad_overflow), at about 13
+    # device ops per parameter and 2 host reads a step (docs/benchmarks.md, "Host work per step").
+    bf16_skip_nonfinite: bool = False
 
     def validate(self) -> None:
         require(0 <= self.initial_scale_power <= 64, "deepspeed.initial_scale_power", "must be in [0, 64]")
+        require(
+            self.precision == "bf16" or not self.bf16_skip_nonfinite,
+            "deepspeed.bf16_skip_nonfinite",
+            f"applies to deepspeed.precision bf16 only, not {self.precision} "
+            "(fp16's loss scaler always skips overflowing steps; fp32 never does)",
+        )
 
 
 @dataclasses.dataclass

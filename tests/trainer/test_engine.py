@@ -33,7 +33,8 @@ def test_distilbert_preset_is_distilberts_recipe() -> None:
     assert ds["zero_optimization"]["stage"] == 2
     assert ds["train_batch_size"] == 4096
     assert ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 64 == 4096
-    assert ds["bf16"] == {"enabled": True} and ds["fp16"]["enabled"] is False
+    # the trainer's FiniteGuard, not DeepSpeed's per-gradient check, catches a non-finite bf16 step
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": False} and ds["fp16"]["enabled"] is False
     assert ds["gradient_clipping"] == 5.0
     assert "optimizer" not in ds  # torch AdamW is passed in: DeepSpeed compiles no Adam
 
@@ -86,3 +87,13 @@ def test_the_initial_loss_scale_comes_from_the_yaml_and_is_checked() -> None:
     assert deepspeed_config(cfg, world_size=8)["fp16"]["initial_scale_power"] == 32
     with pytest.raises(ConfigError, match=r"deepspeed\.initial_scale_power"):
         load("distilbert-base.yaml", "deepspeed.initial_scale_power=-1")
+
+
+def test_skipping_non_finite_bf16_steps_is_deepspeeds_check_and_bf16_only() -> None:
+    cfg = load("distilbert-base.yaml", "deepspeed.bf16_skip_nonfinite=true")
+    assert deepspeed_config(cfg, world_size=8)["bf16"] == {"enabled": True, "check_grad_overflow": True}
+    for precision in ("fp16", "fp32"):
+        with pytest.raises(
+            ConfigError, match=rf"deepspeed\.bf16_skip_nonfinite: applies to .* bf16 only, not {precision}"
+        ):
+            load("distilbert-base.yaml", "deepspeed.bf16_skip_nonfinite=true", f"deepspeed.precision={precision}")

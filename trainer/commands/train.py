@@ -162,7 +162,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         step += 1
         grad_norm = engine.get_global_grad_norm()
         # fp16: a step whose gradients overflowed is skipped by the loss scaler (its norm is inf, the scale
-        # halves); that is normal operation, not a lost run. bf16 and fp32 apply every step.
+        # halves); that is normal operation, not a lost run. So is a non-finite bf16 step under
+        # deepspeed.bf16_skip_nonfinite. Otherwise every step is applied, and its norm is checked.
         if engine.was_step_applied():
             guard.observe(step, grad_norm)
         meter.end_step(step, lr, grad_norm)

@@ -1,8 +1,9 @@
 """Failing a run at its first non-finite step, without making any step wait for the device.
 
-bf16 training has no loss scaler to notice an overflow and skip the step: a NaN or inf loss or
-gradient norm goes into the weights, every later step is NaN, and the run would happily save
-checkpoints of a model that is already lost. :class:`FiniteGuard` folds, on the device, each
+bf16 training has no loss scaler to notice an overflow and skip the step (DeepSpeed's per-gradient
+check, which would, is off unless ``deepspeed.bf16_skip_nonfinite``: this guard does it for less): a
+NaN or inf loss or gradient norm goes into the weights, every later step is NaN, and the run would
+happily save checkpoints of a model that is already lost. :class:`FiniteGuard` folds, on the device, each
 step's loss (before its optimizer step) and gradient norm (after it) into one flag that records
 the first bad step. The flag is read on the host only where the loop synchronises anyway: at a
 log step, before an evaluation and before a checkpoint is saved, so no checkpoint ever holds
