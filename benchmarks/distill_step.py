@@ -47,6 +47,7 @@ from torch.profiler import profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.host_reads import PhasedReads
 from benchmarks.naive_step import NaiveStep
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
@@ -88,6 +89,16 @@ def profile_steps(step: Any, first: int, count: int, device: torch.device) -> di
         synchronize(device)
     wall_ms = (time.perf_counter() - start) * 1e3 / count
     return summarize(prof, count, wall_ms, device.type == "cuda")
+
+
+def ops_per_step(step: Any, i: int) -> int:
+    """The aten ops one step dispatches (``benchmarks/host_reads.py`` counts the engine's the same way): each is
+    host work, and on CUDA most are a kernel launch. Not counted for a compiled step, whose kernels bypass it."""
+    counter = PhasedReads()
+    counter.counting = True
+    with counter:
+        step(i)
+    return sum(counter.ops.values())
 
 
 def gpu_peak(name: str) -> float | None:
@@ -228,6 +239,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     synchronize(device)
     seconds = time.perf_counter() - start
     host_sync = host_syncs(device, lambda: forward_backward(0))
+    ops = None if args.compile else ops_per_step(step, args.warmup + args.steps)
     profiled = profile_steps(step, args.warmup + args.steps, args.profile_steps, device) if args.profile_steps else None
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
@@ -263,6 +275,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "mfu": tokens_per_s * flops / peak,
         "final_loss": float(losses[-1]),
         "host_sync_in_forward_backward": host_sync,
+        "ops_per_step": ops,
         "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "profile": profiled,
     }

@@ -1,15 +1,15 @@
-"""Census of the device-to-host reads in steady-state steps of the real training loop's calls.
+"""Census of the device-to-host reads, and of all the ops, in steady-state steps of the real training loop's calls.
 
     .venv/bin/python benchmarks/host_reads.py [--steps N] [CONFIG.yaml] [key=value ...]
 
 Builds the engine as ``trainer.commands.train`` does, in a one-process gloo world on the CPU
-(``DS_ACCELERATOR=cpu``), with the tiny teacher of ``tests/helpers.py`` and ``.gpu/data-128`` (``make
-gpu-data``) unless ``teacher=``/``data=`` say otherwise; runs 2 warm-up steps, then counts over N
-steps, by loop phase and by the nearest frame outside torch, every aten op that needs a tensor's value on the host
-(``trainer.runtime.host_reads.is_host_read``: on CUDA each waits for all queued device work). DeepSpeed's
-explicit syncs are counted too (``watch_syncs``), with those it skips on the CPU. Counted here but
-host-only on CUDA: reads of tensors that stay on the host there (the host batch; the step counter of a
-non-fused AdamW, while build_engine fuses it on CUDA).
+(``DS_ACCELERATOR=cpu``), with a random teacher of bert-base's 12 layers at a width of 96 and
+``.gpu/data-128`` (``make gpu-data``) unless ``teacher=``/``data=`` say otherwise; runs 2 warm-up
+steps, then counts over N steps, by loop phase and by the nearest frame outside torch, every aten op
+that needs a tensor's value on the host (``trainer.runtime.host_reads.is_host_read``: on CUDA each
+waits for all queued device work). DeepSpeed's explicit syncs are counted too (``watch_syncs``), with
+those it skips on the CPU. Counted here but host-only on CUDA: reads of tensors that stay on the host
+there (the host batch; the step counter of a non-fused AdamW, while build_engine fuses it on CUDA).
 
 Then it counts every aten op of the same steps, by phase and by the nearest frame outside torch that
 issued it. On CUDA each op passes through the dispatcher on the host, and most launch a kernel: a step
@@ -132,10 +132,11 @@ def main() -> None:
     config = ns.args.pop(0) if ns.args and "=" not in ns.args[0] else str(REPO / "configs/distilbert-base.yaml")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]
     from deepspeed.accelerator import get_accelerator
-    from helpers import bert_tokenizer_dir, build_tiny_teacher
+    from helpers import bert_tokenizer_dir
 
+    from benchmarks.gpu.train_throughput import random_teacher
     from common.config import load_config
     from common.tokenizer import load_tokenizer
     from trainer.commands.train import reseed
@@ -152,7 +153,9 @@ def main() -> None:
     defaults = [f"data={REPO / '.gpu/data-128'}", "student.teacher_layers=null", "micro_batch_size=4"]
     defaults += ["global_batch_size=4", "loader.num_workers=0", f"output_dir={tmp / 'run'}", "mlflow.enabled=false"]
     if not any(a.startswith("teacher=") for a in ns.args):
-        defaults.append(f"teacher={build_tiny_teacher(tmp / 'teacher', bert_tokenizer_dir())}")
+        # bert-base's 12 layers at a width of 96: the preset's depth and parameter count, so its number of ops
+        teacher_config = REPO / "configs" / "teachers" / "bert-base-uncased"
+        defaults.append(f"teacher={random_teacher(teacher_config, bert_tokenizer_dir(), tmp / 'teacher', quick=True)}")
     cfg = load_config(TrainConfig, config, [*defaults, *ns.args])
     # As trainer.commands.train.train builds them (no resume, tracker, evaluation or checkpoints).
     world = init_distributed()

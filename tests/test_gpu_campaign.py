@@ -22,6 +22,9 @@ import pytest
 from helpers import REPO, block_imports
 
 from benchmarks.gpu import train_throughput
+from common.config import load_config
+from trainer.config import TrainConfig
+from trainer.runtime.engine import deepspeed_config
 
 CASES = [case.name for case in train_throughput.quick_cases()]
 STEPS = list(train_throughput.STEP_VARIANTS)
@@ -99,6 +102,20 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         second["steps"][0]["tokens_per_s"] / second["steps"][1]["tokens_per_s"]
     )
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
+
+
+def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:
+    """The GPU cases run only on a GPU: a bad override or a missing DeepSpeed JSON would fail there, in device
+    time. Each is loaded, validated, given its DeepSpeed config and sized here, as the campaign does."""
+    cases = train_throughput.full_cases()
+    assert (cases[0].name, cases[0].seq, cases[0].micro) == ("distilbert-512-mb32", 512, 32)  # the headline
+    assert len({case.name for case in cases}) == len(cases)
+    teacher = REPO / "configs" / "teachers" / "bert-base-uncased"
+    for case in cases:
+        overrides = train_throughput.case_overrides(case, teacher, tmp_path / "data", tmp_path / case.name)
+        cfg = load_config(TrainConfig, REPO / "configs" / f"{case.preset}.yaml", overrides)
+        assert deepspeed_config(cfg, world_size=1)["train_micro_batch_size_per_gpu"] == case.micro
+        assert train_throughput.planned(case, overrides)["flops_per_token"] > 0, case.name
 
 
 def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
