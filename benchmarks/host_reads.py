@@ -200,7 +200,7 @@ def main() -> None:
                 engine.step()
                 meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
             grad_norm = engine.get_global_grad_norm()
-            if engine.was_step_applied():
+            if engine.was_step_applied() or not cfg.deepspeed.skips_nonfinite_steps:
                 guard.observe(step + 1, grad_norm)
             meter.end_step(step + 1, lr, grad_norm)
 

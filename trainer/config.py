@@ -226,11 +226,18 @@ class DeepSpeedConfig:
     # fp16 only: dynamic loss scaling starts at 2**initial_scale_power and halves after overflowing steps,
     # which are skipped (not errors). A very large value forces overflows: how the GPU tests exercise it.
     initial_scale_power: int = 16
-    # bf16 only. false: every step is applied, and the trainer's FiniteGuard stops the run at the first
-    # non-finite loss or gradient norm, before anything is saved. true: DeepSpeed checks every gradient for
-    # inf/NaN before each optimizer step and skips such a step (its bf16.check_grad_overflow), at about 13
-    # device ops per parameter and 2 host reads a step (docs/benchmarks.md, "Host work per step").
+    # bf16 only. false: the trainer's FiniteGuard stops the run at the first non-finite loss or gradient norm,
+    # before anything is saved. true: such a step is skipped, and training goes on. ZeRO-1/2 then check every
+    # gradient for inf/NaN before each optimizer step (DeepSpeed's bf16.check_grad_overflow), at about 13 device
+    # ops per parameter and 2 host reads a step (docs/benchmarks.md, "Host work per step"); ZeRO-3 skips a step
+    # whose gradient norm is not finite in either case.
     bf16_skip_nonfinite: bool = False
+
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """Whether a step with non-finite gradients is skipped, as fp16's loss scaler does and bf16 does when asked,
+        rather than stopping the run (the trainer's FiniteGuard)."""
+        return self.precision == "fp16" or self.bf16_skip_nonfinite
 
     def validate(self) -> None:
         require(0 <= self.initial_scale_power <= 64, "deepspeed.initial_scale_power", "must be in [0, 64]")

@@ -86,24 +86,30 @@ def test_a_nan_loss_fails_the_run_before_the_next_checkpoint(
     assert_stopped_at_step_3(poisoned_run(output, tiny_teacher_dir, tiny_dataset_dir, "loss"), output)
 
 
-def test_bf16_nan_gradients_stop_the_run_or_skip_the_step_as_configured(
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_bf16_nan_gradients_stop_the_run_by_default(
+    zero: str, tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
+) -> None:
+    """bf16, a finite loss with NaN gradients: the guard stops the run at the step's gradient norm. ZeRO-2's own
+    per-gradient check is off (``deepspeed_config``), so it applies the step; ZeRO-3 skips it on its own, and the
+    guard stops the run all the same."""
+    output = tmp_path / "run"
+    overrides = ("deepspeed.precision=bf16", f"deepspeed.config=configs/deepspeed/{zero}.json")
+    assert_stopped_at_step_3(poisoned_run(output, tiny_teacher_dir, tiny_dataset_dir, "gradients", *overrides), output)
+
+
+def test_bf16_nan_gradients_skip_the_step_when_asked(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:
-    """bf16, a finite loss with NaN gradients. By default DeepSpeed's per-gradient check is off and the guard stops
-    the run at the step's gradient norm; with ``deepspeed.bf16_skip_nonfinite`` DeepSpeed skips that one step and
-    the run trains on to its export, the step's norm logged as not finite."""
-    stopped = tmp_path / "stopped"
-    bf16 = "deepspeed.precision=bf16"
-    assert_stopped_at_step_3(poisoned_run(stopped, tiny_teacher_dir, tiny_dataset_dir, "gradients", bf16), stopped)
-
-    skipped = tmp_path / "skipped"
-    proc = poisoned_run(
-        skipped, tiny_teacher_dir, tiny_dataset_dir, "gradients", bf16, "deepspeed.bf16_skip_nonfinite=true"
-    )
+    """With ``deepspeed.bf16_skip_nonfinite`` DeepSpeed skips that one step and the run trains on to its export,
+    the step's norm logged as not finite."""
+    output = tmp_path / "run"
+    overrides = ("deepspeed.precision=bf16", "deepspeed.bf16_skip_nonfinite=true")
+    proc = poisoned_run(output, tiny_teacher_dir, tiny_dataset_dir, "gradients", *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (skipped / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     norms = {r["step"]: r["train/grad_norm"] for r in records if "train/grad_norm" in r}
     assert sorted(norms) == [1, 2, 3, 4, 5, 6]
     assert not math.isfinite(norms[3]) and all(math.isfinite(n) for step, n in norms.items() if step != 3)
     assert all(math.isfinite(r["train/loss"]) for r in records if "train/loss" in r)  # the NaN never reached weights
-    assert (skipped / "student" / "model.safetensors").is_file()
+    assert (output / "student" / "model.safetensors").is_file()

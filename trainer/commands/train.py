@@ -163,8 +163,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         grad_norm = engine.get_global_grad_norm()
         # fp16: a step whose gradients overflowed is skipped by the loss scaler (its norm is inf, the scale
         # halves); that is normal operation, not a lost run. So is a non-finite bf16 step under
-        # deepspeed.bf16_skip_nonfinite. Otherwise every step is applied, and its norm is checked.
-        if engine.was_step_applied():
+        # deepspeed.bf16_skip_nonfinite. Any other non-finite norm stops the run, also where DeepSpeed
+        # skipped its step on its own (ZeRO-3, fp32).
+        if engine.was_step_applied() or not cfg.deepspeed.skips_nonfinite_steps:
             guard.observe(step, grad_norm)
         meter.end_step(step, lr, grad_norm)
         profiler.step_ended(step)
