@@ -245,7 +245,7 @@ class DeepSpeedConfig:
             self.precision == "bf16" or not self.bf16_skip_nonfinite,
             "deepspeed.bf16_skip_nonfinite",
             f"applies to deepspeed.precision bf16 only, not {self.precision} "
-            "(fp16's loss scaler always skips overflowing steps; fp32 never does)",
+            "(fp16's loss scaler always skips overflowing steps; an fp32 run always stops at a non-finite one)",
         )
 
 
