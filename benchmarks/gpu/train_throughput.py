@@ -98,14 +98,17 @@ def full_cases() -> list[Case]:
     small presets at 512, DistilBERT's 4096-sequence global batch through gradient accumulation, and the
     128-token sweep."""
     cases = [Case("distilbert-512-mb32", "distilbert-base", 512, 32)]
-    # The headline with one setting changed, for ratios measured side by side (docs/benchmarks.md, "Why the
+    # The headline with one or two settings changed, for ratios measured side by side (docs/benchmarks.md, "Why the
     # engine runs at half the bare step"): DeepSpeed's throughput timer back on (two device syncs a step, as
     # before deepspeed_config turned it off); ZeRO-2 without overlap_comm (a sync after every backward, which
-    # pays only on several GPUs); ZeRO-1, for what ZeRO-2's gradient partitioning costs on one GPU; DeepSpeed's
-    # bf16 overflow check back on (about 13 ops per parameter and 2 host reads a step, "Host work per step").
+    # pays only on several GPUs); that and contiguous_gradients off too, the fewest ops and syncs ZeRO-2 allows
+    # (3,539 ops and 2 host reads a step against 4,289 and 3, "Host work per step"); ZeRO-1, for what ZeRO-2's
+    # gradient partitioning costs on one GPU; DeepSpeed's bf16 overflow check back on (about 13 ops per parameter
+    # and 2 host reads a step).
     variants = {
         "deepspeed-timers": "deepspeed.config=benchmarks/gpu/zero2-deepspeed-timers.json",
         "no-overlap": "deepspeed.config=benchmarks/gpu/zero2-no-overlap.json",
+        "zero2-lean": "deepspeed.config=benchmarks/gpu/zero2-lean.json",
         "zero1": "deepspeed.config=configs/deepspeed/zero1.json",
         "bf16-skip-nonfinite": "deepspeed.bf16_skip_nonfinite=true",
     }
