@@ -32,8 +32,9 @@ def test_the_first_bad_step_is_reported_and_finite_steps_pass(tmp_path: Path) ->
 
 
 def poisoned_run(output: Path, teacher: Path, data: Path, poison: str, *overrides: str) -> subprocess.CompletedProcess:
-    """The real loop (one process, DeepSpeed ZeRO-2 on the CPU, 6 steps of 2 micro-batches, a checkpoint every 2
-    steps); the first micro-batch of step 3 gets a NaN ``loss``, or a finite loss whose ``gradients`` are NaN."""
+    """The real loop (one process, DeepSpeed on the CPU: tiny-cpu.yaml's ZeRO-2 unless ``overrides`` say otherwise;
+    6 steps of 2 micro-batches, a checkpoint every 2 steps); the first micro-batch of step 3 gets a NaN ``loss``,
+    or a finite loss whose ``gradients`` are NaN."""
     script = textwrap.dedent(
         f"""
         import math
