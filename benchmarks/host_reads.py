@@ -30,6 +30,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -59,12 +60,16 @@ def name(frame: traceback.FrameSummary) -> str:
     return f"{path}:{frame.lineno} {frame.name}"
 
 
-def issuer() -> str:
-    """``path function`` of the nearest frame outside torch (and this file): who issued the op being dispatched.
-    The model's backward ops, which the autograd engine issues, show as the frame that called ``backward``."""
-    frame = sys._getframe(2)
-    while frame.f_code.co_filename.startswith(TORCH_DIR) or frame.f_code.co_filename == __file__:
+def issuer(frame: FrameType | None) -> str:
+    """``path function`` of the nearest frame outside torch (and this file), from ``frame`` outwards: who issued
+    the op being dispatched. On CPU the model's backward ops show as the frame that called ``backward``; on
+    CUDA autograd runs the backward on a thread of its own, whose stack holds no frame of ours at all."""
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(TORCH_DIR) or frame.f_code.co_filename == __file__
+    ):
         frame = frame.f_back
+    if frame is None:
+        return "autograd engine thread (backward)"
     path = frame.f_code.co_filename
     for root in (str(Path(TORCH_DIR).parent) + "/", str(REPO) + "/"):
         path = path.removeprefix(root)
@@ -83,7 +88,7 @@ class PhasedReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         if self.counting:  # every op: on CUDA, a kernel launch or at least a pass through the dispatcher
-            self.ops[(self.phase, issuer())] += 1
+            self.ops[(self.phase, issuer(sys._getframe(1)))] += 1
         if is_host_read(func, args, kwargs or {}):
             self.note(func.__name__.removesuffix(".default"))
         return func(*args, **(kwargs or {}))

@@ -49,3 +49,12 @@ def test_the_engine_step_has_no_full_device_sync_and_our_loop_reads_nothing(
     rows, ops = census(tmp_path, tiny_teacher_dir, tiny_dataset_dir, "deepspeed.bf16_skip_nonfinite=true")
     assert [row for row in rows if "engine.step" in row and "has_overflow" in row]
     assert [row for row in ops if "engine.step" in row and "has_inf_or_nan" in row]
+
+
+def test_an_op_with_none_of_our_frames_above_it_is_the_autograd_threads() -> None:
+    """On CUDA autograd runs the backward on a thread of its own: the op's stack ends without leaving torch.
+    The second GPU campaign's bare steps failed on it (``None.f_code``) where the CPU census never goes."""
+    from benchmarks import host_reads
+
+    assert host_reads.issuer(None) == "autograd engine thread (backward)"
+    assert host_reads.issuer(sys._getframe()).startswith("tests/test_benchmark_host_reads.py ")
