@@ -155,3 +155,15 @@ def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path, inputs: Path) -> None:
     # every run some selected test reads was launched, and the CUDA-only one was not
     launched = {p.name for p in (base / "runs0").iterdir() if p.is_dir()}
     assert launched == {"zero1", "zero2", "zero3", "again", "resumed", "offload"}
+
+
+def test_append_measures_again_what_the_deadline_stopped_or_what_failed() -> None:
+    """In the second campaign the bare steps failed on a bug of the first call's code; mended before the second
+    call, they were still skipped as done. What ran out its own time limit is kept: a retry costs as much."""
+    settled = train_throughput.settled
+    assert settled({"name": "headline", "rc": 0, "tokens_per_s": 1.0})
+    assert settled({"name": "project", "args": [], "tokens_per_s": 1.0})
+    assert not settled({"name": "project", "args": [], "error": "AttributeError"})
+    assert not settled({"name": "headline", "rc": 1, "error": "Traceback"})
+    assert not settled({"name": "headline", "rc": train_throughput.STOPPED, "error": "stopped"})
+    assert settled({"name": "headline", "rc": "timeout", "error": "timed out"})

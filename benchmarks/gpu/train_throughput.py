@@ -9,7 +9,8 @@ export at the end), with a random-weight teacher of ``configs/teachers/bert-base
 saved once with the carried tokenizer. From its ``metrics.jsonl`` it reports, over the log intervals
 after the first (which holds start-up and warm-up):
 
-* tokens/s: real tokens over wall time, measured by the loop itself (``train/tokens_per_s``);
+* tokens/s: real tokens over wall time, measured by the loop itself (``train/tokens_per_s``), and its
+  spread: the fastest interval's rate less the slowest's, over the case's rate;
 * MFU: tokens/s x model FLOPs per token as ``plan`` counts them (``build_plan``) over the
   dense bf16 peak of the GPU (989 TFLOP/s for an H100), as ``benchmarks/distill_step.py`` does;
 * peak GPU memory (``train/max_memory_gib``) beside what ``plan`` expects a rank to hold, and the share
@@ -23,10 +24,10 @@ at the step's shapes (what compiling the losses adds). Results go to OUTDIR/thro
 rewritten after every case, so a run cut short still returns what it measured.
 
 ``--append`` continues OUTDIR/throughput.json: what it holds is kept and not measured again (except what a
-deadline stopped), so calls that each get a few minutes of a GPU add up to one report. ``--deadline``
-(Unix time) starts nothing with less than ``MIN_START_S`` left and stops what runs at the deadline; a
-stopped case is recorded as such and measured by the next ``--append`` call (``benchmarks/gpu/run.sh
-OUTDIR session`` drives both).
+deadline stopped or what failed: :func:`settled`), so calls that each get a few minutes of a GPU add up to
+one report. ``--deadline`` (Unix time) starts nothing with less than ``MIN_START_S`` left and stops what
+runs at the deadline; a stopped case is recorded as such and measured by the next ``--append`` call
+(``benchmarks/gpu/run.sh OUTDIR session`` drives both).
 
 ``--quick`` is the CPU dry run: a 12-layer, 96-wide teacher, the 128-token data, micro-batches of 2
 and a few steps; every code path runs, no figure means anything.
@@ -78,13 +79,24 @@ def timed_out(timeout: float) -> str:
     return "timeout" if timeout >= CASE_TIMEOUT else STOPPED
 
 
+def settled(result: dict[str, Any]) -> bool:
+    """Whether ``--append`` keeps a recorded result instead of measuring it again: not what the deadline
+    stopped, nor what failed (usually code, mended between two calls of a session, and seconds to retry),
+    but what ran out its own ``CASE_TIMEOUT`` (which would cost as much again)."""
+    if result.get("rc") == STOPPED:
+        return False
+    return "error" not in result or result.get("rc") == "timeout"
+
+
 @dataclass
 class Case:
     name: str
     preset: str
     seq: int
     micro: int
-    steps: int = 30
+    # 6 measured intervals of 10 steps after the first: in the second campaign's 2 intervals a step, the
+    # headline's variants differed by up to a third in directions no setting explains (docs/benchmarks.md)
+    steps: int = 70
     log_every: int = 10
     global_batch: int | None = None  # None: one micro-batch per step
     overrides: list[str] = field(default_factory=list)
@@ -114,6 +126,8 @@ def full_cases() -> list[Case]:
     }
     for name, override in variants.items():
         cases += [Case(f"distilbert-512-mb32-{name}", "distilbert-base", 512, 32, overrides=[override])]
+    # The headline again, unchanged, after its variants: how far the same case moves within one call
+    cases += [Case("distilbert-512-mb32-repeat", "distilbert-base", 512, 32)]
     cases += [profiled(Case("distilbert-512-mb32-profiled", "distilbert-base", 512, 32, steps=13, log_every=10))]
     # The host's work per step hardly grows with the micro-batch, the GPU's does: if the engine is bound by its
     # host, its MFU climbs toward the bare step's as the micro-batch grows (about 35 GiB at 256).
@@ -213,8 +227,10 @@ def summarize(out: Path) -> dict[str, Any]:
     if not measured:
         return {"error": "no train records"}
     rates = [r["train/tokens_per_s"] for r in measured]
+    rate = len(rates) / sum(1 / r for r in rates)
     return {
-        "tokens_per_s": len(rates) / sum(1 / r for r in rates),
+        "tokens_per_s": rate,
+        "spread": (max(rates) - min(rates)) / rate,  # how far apart the intervals are: the figure's own noise
         "data_wait_share": max(r["train/data_wait_share"] for r in measured),
         "max_memory_gib": max((r.get("train/max_memory_gib") or 0.0) for r in train) or None,
         "intervals": len(measured),
@@ -281,22 +297,21 @@ def losses_command(quick: bool) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
     if report["cases"]:
-        header = (
-            "| case | seq | micro | global | tokens/s | MFU | peak GiB | planned GiB | planned act. GiB | data wait "
-        )
-        header += "| rc |"
-        lines += ["", header, "|---" * 11 + "|"]
+        header = "| case | seq | micro | global | tokens/s | spread | MFU | peak GiB | planned GiB | planned act. GiB "
+        header += "| data wait | rc |"
+        lines += ["", header, "|---" * 12 + "|"]
     for r in report["cases"]:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
+        spread = f"{r['spread']:.1%}" if r.get("spread") is not None else "-"
         mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
         wait = f"{r['data_wait_share']:.1%}" if r.get("data_wait_share") is not None else "-"
         gb = r["global_batch"] or r["micro"]
         act = f"{r['planned_activation_gib']:.2f}" if r.get("planned_activation_gib") is not None else "-"
         total = f"{r['planned_gib']:.1f}" if r.get("planned_gib") is not None else "-"
         lines.append(
-            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {mfu} | {mem} | {total} | {act} | {wait} "
-            f"| {r['rc']} |"
+            f"| {r['name']} | {r['seq']} | {r['micro']} | {gb} | {rate} | {spread} | {mfu} | {mem} | {total} | {act} "
+            f"| {wait} | {r['rc']} |"
         )
     if report["steps"]:
         header = "| bare step (distill_step.py) | tokens/s | MFU | peak GiB | host syncs | ops/step |"
@@ -367,12 +382,12 @@ def main() -> int:
     versions = f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}"
     report: dict[str, Any] = {"device": device, "versions": versions, "peak_flops": peak, "cases": [], "steps": []}
     previous = args.outdir / "throughput.json"
-    if args.append and previous.is_file():  # what a deadline stopped is measured again
+    if args.append and previous.is_file():
         kept = json.loads(previous.read_text())
-        report["cases"] = [r for r in kept["cases"] if r.get("rc") != STOPPED]
-        report["steps"] = [r for r in kept["steps"] if r.get("rc") != STOPPED]
-        if (kept.get("losses") or {}).get("rc") != STOPPED:
-            report["losses"] = kept.get("losses")
+        report["cases"] = [r for r in kept["cases"] if settled(r)]
+        report["steps"] = [r for r in kept["steps"] if settled(r)]
+        if kept.get("losses") and settled(kept["losses"]):
+            report["losses"] = kept["losses"]
     done = {r["name"] for r in report["cases"] + report["steps"]} | ({LOSSES} if report.get("losses") else set())
     only = None if args.only is None else set(args.only.split(","))
     parts = set(args.parts.split(","))

@@ -23,14 +23,17 @@ import contextlib
 import json
 import math
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 import yaml
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import PretrainedConfig, PreTrainedModel
 
 from common.cli import split_config_args
@@ -238,21 +241,79 @@ def meta_distiller(
         return Distiller(student, teacher, cfg.objective).to(dtype), teacher
 
 
-def activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probability: float, seq_len: int) -> int:
-    """Bytes saved for backward by one micro-batch of packed sequences, counted on the meta device through
-    the real Distiller, with flash attention's saves (:func:`flash_attention_saves`).
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the tensors made under it that are still alive, and their peak. Each storage counts once,
+    from the op that makes it until its last tensor (or view) goes: torch keeps one Python object per storage
+    while it lives, so a finalizer on it fires when the memory would be freed. Tensors made before (weights,
+    the batch) are never counted."""
 
-    Only the activations: :func:`memory_per_rank` adds the weights, optimizer states and DeepSpeed's
-    buffers; a padded batch (which takes the memory-efficient kernel and an attention mask) keeps a little more.
-    """
+    def __init__(self, existing: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self.alive = {id(t.untyped_storage()) for t in existing}
+        self.bytes = self.peak = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and id(storage := tensor.untyped_storage()) not in self.alive:
+                self.alive.add(id(storage))
+                self.bytes += storage.nbytes()
+                self.peak = max(self.peak, self.bytes)
+                weakref.finalize(storage, self.freed, id(storage), storage.nbytes())
+        return out
+
+    def freed(self, key: int, nbytes: int) -> None:
+        self.alive.discard(key)
+        self.bytes -= nbytes
+
+
+def meta_batch(micro_batch_size: int, mask_probability: float, seq_len: int) -> MaskedBatch:
+    """A micro-batch of packed sequences with the masker's largest masked-position budget, on the meta device."""
     budget = max_masked(mask_probability, seq_len)
     with torch.device("meta"):
         ids = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
         index = torch.zeros(micro_batch_size, budget, dtype=torch.long)
         positions = Positions(index=index, valid=torch.ones_like(index, dtype=torch.bool))
-        batch = MaskedBatch(ids, ids, positions, index)
+        return MaskedBatch(ids, ids, positions, index)
+
+
+def activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probability: float, seq_len: int) -> int:
+    """Bytes saved for backward by one micro-batch of packed sequences, counted on the meta device through
+    the real Distiller, with flash attention's saves (:func:`flash_attention_saves`).
+
+    What the activations hold at the end of the forward; :func:`peak_activation_bytes` adds what the step
+    makes and frees around them. A padded batch (which takes the memory-efficient kernel and an attention
+    mask) keeps a little more.
+    """
     with flash_attention_saves():
-        return saved_activation_bytes(distiller, batch)
+        return saved_activation_bytes(distiller, meta_batch(micro_batch_size, mask_probability, seq_len))
+
+
+def peak_activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probability: float, seq_len: int) -> int:
+    """The most bytes one micro-batch's forward and backward hold at once beyond the weights, through the real
+    Distiller on the meta device (:class:`LiveBytes`, flash attention's saves): the saved activations
+    (:func:`activation_bytes`) plus what is alive beside them at the worst moment, the losses' float32
+    temporaries at the end of the forward for the presets here (0.89 GiB over 3.53 for distilbert-base at
+    512 x 32). Gradients are dropped as they are made: ZeRO-1 and -2 move them into their buckets, which
+    :func:`memory_per_rank` counts. On one H200 the measured peaks were 4-5% below weights plus this
+    (docs/benchmarks.md, "Peak memory against the plan")."""
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        for p in distiller.parameters()
+        if p.requires_grad
+    ]
+    batch = meta_batch(micro_batch_size, mask_probability, seq_len)
+    weights = [*distiller.parameters(), *distiller.buffers()]
+    if distiller.teacher is not None:
+        weights += [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
+    batch_tensors = [batch.input_ids, batch.labels, batch.targets, batch.positions.index, batch.positions.valid]
+    try:
+        with flash_attention_saves(), LiveBytes([*weights, *batch_tensors]) as live:
+            distiller(batch, None)["loss"].backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return live.peak
 
 
 # ----------------------------------------------------------------------- what each rank holds, by part
@@ -277,7 +338,8 @@ def memory_per_rank(
       (two with ``overlap_comm``) for each backward (ZeRO-1 keeps it between the micro-steps of an
       accumulation), ZeRO-3 one for the whole run. Not the model's size: a bucket of 5e8 elements is a
       GB whatever the student;
-    * ``activations``: what one micro-batch saves for backward (:func:`activation_bytes`).
+    * ``activations``: the most one micro-batch's forward and backward hold at once
+      (:func:`peak_activation_bytes`): what it saves for backward and the losses' temporaries beside it.
 
     ``total`` is their sum, what the peak reaches at the end of a forward. Not counted: the 16-bit
     gradients of ZeRO-1 and -2 outside the buckets (up to about b·Ψ between the micro-steps of an
@@ -356,8 +418,9 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
     flops = step_flops_per_token(
         cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len, cfg.student.trainable == "all"
     )
-    activations = activation_bytes(distiller, cfg.micro_batch_size, cfg.masking.probability, seq_len)
-    memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, activations)
+    shape = (cfg.micro_batch_size, cfg.masking.probability, seq_len)
+    saved, peak = activation_bytes(distiller, *shape), peak_activation_bytes(distiller, *shape)
+    memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, peak)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
         "config": to_dict(cfg),
@@ -389,7 +452,8 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         },
         "flops_per_token": flops,
         # per rank and micro-batch; gradient accumulation adds none (one micro-batch is alive at a time)
-        "activation_gib": activations / 2**30,
+        "activation_gib": saved / 2**30,
+        "activation_peak_gib": peak / 2**30,  # memory_gib's activations
         "memory_gib": {part: n / 2**30 for part, n in memory.items()},
         "flops_per_step": flops["total"] * tokens_per_step,
         "flops_total": flops["total"] * tokens_per_step * cfg.max_steps,
@@ -444,8 +508,8 @@ def render(plan: dict[str, Any]) -> str:
         + (" (no teacher: the student's forward and backward only)" if plan["teacher"] is None else ""),
         f"FLOPs per step: {plan['flops_per_step']:.3e}; whole run ({plan['config']['max_steps']} steps): "
         f"{plan['flops_total']:.3e}",
-        f"activations saved for backward: {plan['activation_gib']:.2f} GiB per rank (one micro-batch of "
-        f"{b['micro_batch_size']} x {b['seq_len']}, flash attention)",
+        f"activations: {plan['activation_peak_gib']:.2f} GiB per rank at the peak, {plan['activation_gib']:.2f} of "
+        f"them saved for backward (one micro-batch of {b['micro_batch_size']} x {b['seq_len']}, flash attention)",
         f"memory per rank: {memory['total']:.2f} GiB = "
         + " + ".join(f"{part.replace('_', ' ')} {gib:.2f}" for part, gib in memory.items() if part != "total")
         + f" ({plan['config']['deepspeed']['config']}, {b['world_size']} rank(s); not counted: gradients outside "
