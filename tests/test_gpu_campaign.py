@@ -92,6 +92,11 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
     assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
     assert second["losses"] and "error" not in second["losses"]
+    # the attention probe: every preset's encoders, by head size (the bert-base ones share 12 x 64)
+    assert "error" not in second["sdpa"], second["sdpa"]
+    encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
+    assert "tinybert-4l-312 student" in encoders and "bert-base teacher" in encoders
+    assert {(row["heads"], row["head_size"]) for row in second["sdpa"]["shapes"]} >= {(12, 64), (12, 26), (12, 32)}
     assert second["not_started"] == []
     assert all(r["rc"] == 0 for r in second["cases"]), [r.get("error") for r in second["cases"]]
     assert all("error" not in r for r in second["steps"])
@@ -102,6 +107,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         second["steps"][0]["tokens_per_s"] / second["steps"][1]["tokens_per_s"]
     )
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
 
 
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:

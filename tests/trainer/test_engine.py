@@ -67,7 +67,7 @@ def test_every_shipped_deepspeed_json_builds(name: str, stage: int) -> None:
 
 
 def test_batch_sizes_must_multiply_exactly() -> None:
-    cfg = load("distilbert-base.yaml")  # micro 32
+    cfg = load("distilbert-base.yaml")  # micro 64
     with pytest.raises(ConfigError, match="global_batch_size: 4096 is not micro_batch_size"):
         deepspeed_config(cfg, world_size=3)
 
