@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--json]
+        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -26,6 +26,10 @@ norms and activations, optimizer, copies, other), the top ops and, on CUDA, the 
 share of wall time the GPU was busy. Measured before anything is optimised (issue 15: "measure
 first"); it runs after the timed steps, so it does not slow the figures above.
 
+``--memory`` then runs one more step with its tensors tracked (:class:`PeakSites`): its peak beside
+what ``plan`` counts and, on CUDA, what the allocator saw, and the ops and lines that held the most
+at the peak. For a preset whose measured peak the plan misses (``tinybert-4l-312``), it says where.
+
 ``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
 ``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
 matching tokenizer when the teacher directory has none.
@@ -47,18 +51,20 @@ from torch.profiler import profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.host_reads import PhasedReads
+from benchmarks.host_reads import PhasedReads, issuer
 from benchmarks.naive_step import NaiveStep
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
-from trainer.commands.plan import step_flops_per_token
+from trainer.commands.plan import LiveBytes, meta_distiller, peak_activation_bytes, step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import (
+    base_config,
     build_student,
     load_teacher,
     load_teacher_config,
     model_from_config,
+    student_config,
     training_dtype,
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
@@ -130,6 +136,57 @@ def host_syncs(device: torch.device, forward_backward: Any) -> str:
         return f"found: {str(err).splitlines()[0]}"
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+class PeakSites(LiveBytes):
+    """:class:`LiveBytes` that notes which op and which line made each storage, and keeps what was alive, by
+    site, at the peak: where a step's memory goes."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
+        super().__init__(existing)
+        self.sites: dict[int, tuple[str, int]] = {}
+        self.at_peak: dict[str, int] = {}
+
+    def made(self, key: int, nbytes: int, func: Any) -> None:
+        # frames: this method, LiveBytes.__torch_dispatch__, then torch's and the op's caller
+        self.sites[key] = (f"{func.__name__} <- {issuer(sys._getframe(2), line=True)}", nbytes)
+
+    def peaked(self) -> None:
+        self.at_peak = {}
+        for key in self.alive:
+            if key in self.sites:
+                site, nbytes = self.sites[key]
+                self.at_peak[site] = self.at_peak.get(site, 0) + nbytes
+
+
+def step_memory(
+    cfg: TrainConfig, distiller: Distiller, seq_len: int, forward_backward: Any, existing: list[torch.Tensor]
+) -> dict[str, Any]:
+    """One more masking + forward + backward, with its peak three ways: what ``plan`` counts for it on the meta
+    device, what :class:`PeakSites` tracks of its tensors, and (CUDA) what the allocator saw; and the sites
+    holding the most at the tracked peak. Where the device's peak exceeds the tracked one, the difference is
+    memory no tensor of the step owns: kernels' workspaces, the allocator's rounding."""
+    teacher_config = distiller.teacher.config
+    meta, _ = meta_distiller(cfg, teacher_config, student_config(cfg.student, base_config(cfg.student, teacher_config)))
+    planned = peak_activation_bytes(meta, cfg.micro_batch_size, cfg.masking.probability, seq_len)
+    device = existing[0].device
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    with PeakSites(existing) as sites:
+        forward_backward(0)
+    device_peak = None
+    if device.type == "cuda":
+        synchronize(device)
+        device_peak = (torch.cuda.max_memory_allocated(device) - before) / 2**30
+    top = sorted(sites.at_peak.items(), key=lambda item: -item[1])[:15]
+    return {
+        "planned_peak_gib": planned / 2**30,
+        "tracked_peak_gib": sites.peak / 2**30,
+        "device_peak_gib": device_peak,
+        "at_peak": [{"site": site, "gib": nbytes / 2**30} for site, nbytes in top],
+    }
 
 
 def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
@@ -241,6 +298,12 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     host_sync = host_syncs(device, lambda: forward_backward(0))
     ops = None if args.compile else ops_per_step(step, args.warmup + args.steps)
     profiled = profile_steps(step, args.warmup + args.steps, args.profile_steps, device) if args.profile_steps else None
+    max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    memory = None
+    if args.memory:  # after every other measurement: the tracking slows its one step
+        teacher_tensors = [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
+        existing = [*distiller.parameters(), *distiller.buffers(), *teacher_tensors, *batches]
+        memory = step_memory(cfg, distiller, args.seq_len, forward_backward, existing)
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
@@ -276,8 +339,9 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "final_loss": float(losses[-1]),
         "host_sync_in_forward_backward": host_sync,
         "ops_per_step": ops,
-        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "max_memory_gib": max_memory,
         "profile": profiled,
+        "memory": memory,
     }
 
 
@@ -301,10 +365,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="then profile this many steps: where the time goes"
     )
+    parser.add_argument(
+        "--memory", action="store_true", help="then one step's peak memory: planned, tracked, on the device, by site"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.seq_len < 2 or args.profile_steps < 0:
         raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
+    if args.memory and (args.step != "project" or args.compile):
+        raise ConfigError("--memory: the project's eager step only (the naive step and compile are not planned)")
     path, overrides = split_config_args(args.args)
     cfg = load_config(TrainConfig, path, overrides)
     if cfg.teacher is None:

@@ -60,10 +60,11 @@ def name(frame: traceback.FrameSummary) -> str:
     return f"{path}:{frame.lineno} {frame.name}"
 
 
-def issuer(frame: FrameType | None) -> str:
-    """``path function`` of the nearest frame outside torch (and this file), from ``frame`` outwards: who issued
-    the op being dispatched. On CPU the model's backward ops show as the frame that called ``backward``; on
-    CUDA autograd runs the backward on a thread of its own, whose stack holds no frame of ours at all."""
+def issuer(frame: FrameType | None, line: bool = False) -> str:
+    """``path function`` (``path:line function`` with ``line``) of the nearest frame outside torch (and this
+    file), from ``frame`` outwards: who issued the op being dispatched. On CPU the model's backward ops show
+    as the frame that called ``backward``; on CUDA autograd runs the backward on a thread of its own, whose
+    stack holds no frame of ours at all."""
     while frame is not None and (
         frame.f_code.co_filename.startswith(TORCH_DIR) or frame.f_code.co_filename == __file__
     ):
@@ -73,7 +74,7 @@ def issuer(frame: FrameType | None) -> str:
     path = frame.f_code.co_filename
     for root in (str(Path(TORCH_DIR).parent) + "/", str(REPO) + "/"):
         path = path.removeprefix(root)
-    return f"{path} {frame.f_code.co_name}"
+    return f"{path}{f':{frame.f_lineno}' if line else ''} {frame.f_code.co_name}"
 
 
 class PhasedReads(TorchDispatchMode):

@@ -92,6 +92,12 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
     assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
     assert second["losses"] and "error" not in second["losses"]
+    # one step's peak memory, planned beside tracked, with what held it, for the project's step and TinyBERT-4's
+    memory = {r["name"]: r["memory"] for r in second["steps"] if r.get("memory")}
+    assert set(memory) == {"project", "tinybert-memory"}
+    for peak in memory.values():
+        assert peak["planned_peak_gib"] > 0 and peak["tracked_peak_gib"] > 0 and peak["at_peak"]
+    assert any("tinybert.py" in site["site"] for site in memory["tinybert-memory"]["at_peak"])
     # the attention probe: every preset's encoders, by head size (the bert-base ones share 12 x 64)
     assert "error" not in second["sdpa"], second["sdpa"]
     encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
@@ -108,6 +114,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     )
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert "Peak memory of one tinybert-memory step" in (tmp_path / "out-2" / "summary.md").read_text()
 
 
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ case $MODE in
         throughput cases,steps
         ;;
     session)
-        throughput steps --only project,naive,sdpa
+        throughput steps --only project,naive,tinybert-memory,sdpa
         report
         throughput cases --only headline
         report

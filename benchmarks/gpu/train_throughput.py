@@ -63,10 +63,13 @@ STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: me
 # The bare steps compared, by name (--only takes these too): the project's step as trained (fused AdamW on
 # CUDA), which also profiles a few steps after timing them (where the time goes, before anything is optimised),
 # the naive reference step, the compiled step (does compile pay, now that the encoders' masks stay eager), and
-# fused AdamW off (measured once already: 1.09x). "losses" is benchmarks/losses.py.
+# fused AdamW off (measured once already: 1.09x). "losses" is benchmarks/losses.py. The project's step and
+# TinyBERT-4's (at 64 x 512, where the campaigns measured 1.7x the planned peak) end with one step's peak
+# memory, by site (--memory).
 STEP_VARIANTS = {
-    "project": ["--step=project", "--profile-steps=3"],
+    "project": ["--step=project", "--profile-steps=3", "--memory"],
     "naive": ["--step=naive"],
+    "tinybert-memory": ["--step=project", "--memory"],
     "project-compiled": ["--step=project", "--compile"],
     "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
 }
@@ -284,10 +287,15 @@ def json_result(command: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
+STEP_SHAPES = {"tinybert-memory": ("tinybert-4l-312", 64)}  # (preset, micro-batch) of a step not at the default
+
+
 def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[str]:
-    """benchmarks/distill_step.py on the distilbert-base preset, 32 x 512 (quick: 2 x 128), as ``variant``."""
-    micro, seq, steps = (2, 128, 2) if quick else (32, 512, 10)
-    base = [sys.executable, "benchmarks/distill_step.py", "configs/distilbert-base.yaml", f"teacher={teacher_config}"]
+    """benchmarks/distill_step.py as ``variant``: the distilbert-base preset at 32 x 512 unless ``STEP_SHAPES``
+    says otherwise (quick: 2 x 128)."""
+    preset, micro = STEP_SHAPES.get(variant, ("distilbert-base", 32))
+    micro, seq, steps = (2, 128, 2) if quick else (micro, 512, 10)
+    base = [sys.executable, "benchmarks/distill_step.py", f"configs/{preset}.yaml", f"teacher={teacher_config}"]
     base += [f"data={data}", f"micro_batch_size={micro}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
     base += ["--random-weights", f"--tokenizer={tokenizer}", "--json"]
     if quick:
@@ -324,6 +332,27 @@ def sdpa_markdown(sdpa: dict[str, Any]) -> list[str]:
             f"| {', '.join(r['encoders'])} | {r['heads']} x {r['head_size']} | {r['dropout']} | {backends} "
             f"| {r['chosen']} | {peak} |"
         )
+    return lines
+
+
+def memory_markdown(steps: list[dict[str, Any]]) -> list[str]:
+    """One step's peak memory, planned beside measured, and what held it (distill_step.py --memory)."""
+    lines = []
+    for r in steps:
+        memory = r.get("memory")
+        if not memory:
+            continue
+        device = f"{memory['device_peak_gib']:.2f}" if memory.get("device_peak_gib") is not None else "-"
+        lines += [
+            "",
+            f"Peak memory of one {r['name']} step beyond the weights ({' '.join(r['args'])}, micro-batch "
+            f"{r['micro_batch_size']} x {r['seq_len']}): planned {memory['planned_peak_gib']:.2f} GiB, its tensors "
+            f"{memory['tracked_peak_gib']:.2f}, the device {device}. Held at the peak:",
+            "",
+            "| GiB | op <- where |",
+            "|---|---|",
+        ]
+        lines += [f"| {site['gib']:.3f} | `{site['site']}` |" for site in memory["at_peak"]]
     return lines
 
 
@@ -374,6 +403,7 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     if report.get("sdpa"):
         lines += sdpa_markdown(report["sdpa"])
+    lines += memory_markdown(report["steps"])
     if report.get("not_started"):
         lines += ["", f"Not started, too close to the deadline: {', '.join(report['not_started'])}."]
     for r in report["steps"]:

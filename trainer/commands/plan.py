@@ -258,13 +258,22 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor) and id(storage := tensor.untyped_storage()) not in self.alive:
                 self.alive.add(id(storage))
                 self.bytes += storage.nbytes()
-                self.peak = max(self.peak, self.bytes)
                 weakref.finalize(storage, self.freed, id(storage), storage.nbytes())
+                self.made(id(storage), storage.nbytes(), func)
+                if self.bytes > self.peak:
+                    self.peak = self.bytes
+                    self.peaked()
         return out
 
     def freed(self, key: int, nbytes: int) -> None:
         self.alive.discard(key)
         self.bytes -= nbytes
+
+    def made(self, key: int, nbytes: int, func: Any) -> None:
+        """A storage counted, made by ``func``: for a subclass that notes who holds the memory."""
+
+    def peaked(self) -> None:
+        """A new peak, just reached: for a subclass that keeps what was alive then."""
 
 
 def meta_batch(micro_batch_size: int, mask_probability: float, seq_len: int) -> MaskedBatch:
