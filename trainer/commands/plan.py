@@ -301,11 +301,10 @@ def activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probabili
 def peak_activation_bytes(distiller: Distiller, micro_batch_size: int, mask_probability: float, seq_len: int) -> int:
     """The most bytes one micro-batch's forward and backward hold at once beyond the weights, through the real
     Distiller on the meta device (:class:`LiveBytes`, flash attention's saves): the saved activations
-    (:func:`activation_bytes`) plus what is alive beside them at the worst moment, the losses' float32
-    temporaries at the end of the forward for the presets here (0.89 GiB over 3.53 for distilbert-base at
-    512 x 32). Gradients are dropped as they are made: ZeRO-1 and -2 move them into their buckets, which
-    :func:`memory_per_rank` counts. On one H200 the measured peaks were 4-5% below weights plus this
-    (docs/benchmarks.md, "Peak memory against the plan")."""
+    (:func:`activation_bytes`) plus what is alive beside them at the worst moment: for the presets here, the
+    losses' float32 temporaries at the end of the forward. Gradients are dropped as they are made: ZeRO-1
+    and -2 move them into their buckets, which :func:`memory_per_rank` counts. The saved activations alone
+    fell short of the peaks measured on a GPU (docs/benchmarks.md, "Peak memory against the plan")."""
     hooks = [
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
         for p in distiller.parameters()
