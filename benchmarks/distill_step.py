@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,15 @@ def host_syncs(device: torch.device, forward_backward: Any) -> str:
         torch.cuda.set_sync_debug_mode("default")
 
 
+def secondary(measure: Any) -> Any:
+    """``measure()``, or ``{"error": ...}`` (the traceback on stderr) where it fails."""
+    try:
+        return measure()
+    except Exception as err:  # any failure of a diagnostic is reported, never fatal to the timing
+        traceback.print_exc()
+        return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+
+
 class PeakSites(LiveBytes):
     """:class:`LiveBytes` that notes which op and which line made each storage, and keeps what was alive, by
     site, at the peak: where a step's memory goes."""
@@ -165,7 +175,8 @@ def step_memory(
     """One more masking + forward + backward, with its peak three ways: what ``plan`` counts for it on the meta
     device, what :class:`PeakSites` tracks of its tensors, and (CUDA) what the allocator saw; and the sites
     holding the most at the tracked peak. Where the device's peak exceeds the tracked one, the difference is
-    memory no tensor of the step owns: kernels' workspaces, the allocator's rounding."""
+    memory no tensor of the step owns: kernels' workspaces, the allocator's rounding. Gradients are dropped as
+    they are made, as ``plan`` counts them (ZeRO-1 and -2 move them into buckets, counted apart)."""
     teacher_config = distiller.teacher.config
     meta, _ = meta_distiller(cfg, teacher_config, student_config(cfg.student, base_config(cfg.student, teacher_config)))
     planned = peak_activation_bytes(meta, cfg.micro_batch_size, cfg.masking.probability, seq_len)
@@ -174,8 +185,14 @@ def step_memory(
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    with PeakSites(existing) as sites:
-        forward_backward(0)
+    params = [p for p in distiller.parameters() if p.requires_grad]
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)) for p in params]
+    try:
+        with PeakSites(existing) as sites:
+            forward_backward(0)
+    finally:
+        for hook in hooks:
+            hook.remove()
     device_peak = None
     if device.type == "cuda":
         synchronize(device)
@@ -296,14 +313,18 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     synchronize(device)
     seconds = time.perf_counter() - start
     host_sync = host_syncs(device, lambda: forward_backward(0))
-    ops = None if args.compile else ops_per_step(step, args.warmup + args.steps)
-    profiled = profile_steps(step, args.warmup + args.steps, args.profile_steps, device) if args.profile_steps else None
     max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    # What follows the timing explains it. A failure there is recorded in its place, and the figures above are
+    # kept: the first GPU run of the op census failed where a CPU never goes, and took the timings with it.
+    ops = None if args.compile else secondary(lambda: ops_per_step(step, args.warmup + args.steps))
+    profiled = None
+    if args.profile_steps:
+        profiled = secondary(lambda: profile_steps(step, args.warmup + args.steps, args.profile_steps, device))
     memory = None
     if args.memory:  # after every other measurement: the tracking slows its one step
         teacher_tensors = [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
         existing = [*distiller.parameters(), *distiller.buffers(), *teacher_tensors, *batches]
-        memory = step_memory(cfg, distiller, args.seq_len, forward_backward, existing)
+        memory = secondary(lambda: step_memory(cfg, distiller, args.seq_len, forward_backward, existing))
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
@@ -389,7 +410,7 @@ def main(argv: list[str]) -> int:
             f"{result['flops_per_token']:.3e} FLOPs/token -> {result['achieved_tflops']:.3f} TFLOP/s, "
             f"MFU {result['mfu']:.1%} of {result['peak_tflops']:.2f} TFLOP/s ({result['peak_source']})"
         )
-        if result["profile"]:
+        if result["profile"] and "error" not in result["profile"]:
             print(profile_markdown(result["profile"]))
     return 0
 

@@ -180,3 +180,21 @@ def test_append_measures_again_what_the_deadline_stopped_or_what_failed() -> Non
     assert not settled({"name": "headline", "rc": 1, "error": "Traceback"})
     assert not settled({"name": "headline", "rc": train_throughput.STOPPED, "error": "stopped"})
     assert settled({"name": "headline", "rc": "timeout", "error": "timed out"})
+
+
+def test_a_failed_diagnostic_keeps_the_steps_timing() -> None:
+    """The second GPU campaign lost both bare steps' timings to a failure in their op census, which runs after
+    the timing. A diagnostic that fails (op count, profile, memory) is now recorded in its place, and the
+    report shows the figures beside it."""
+    from benchmarks.distill_step import secondary
+
+    failed = secondary(lambda: 1 / 0)
+    assert failed == {"error": "ZeroDivisionError: division by zero"}
+    step = {"name": "project", "args": ["--step=project"], "tokens_per_s": 500000.0, "mfu": 0.27}
+    step |= {"max_memory_gib": 5.6, "host_sync_in_forward_backward": "none", "micro_batch_size": 32, "seq_len": 512}
+    step |= {"ops_per_step": failed, "profile": failed, "memory": failed}
+    report = {"device": "H200", "versions": "torch", "cases": [], "steps": [step]}
+    table = train_throughput.markdown(report)
+    assert "| project (--step=project) | 500,000 | 27.0% | 5.6 | none | error |" in table
+    assert "Where the bare step's time goes (--step=project): error (ZeroDivisionError" in table
+    assert "Peak memory of one project step: error (ZeroDivisionError" in table

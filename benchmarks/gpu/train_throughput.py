@@ -335,12 +335,22 @@ def sdpa_markdown(sdpa: dict[str, Any]) -> list[str]:
     return lines
 
 
+def plain(value: Any) -> str:
+    """A table cell: the value, '-' where there is none, 'error' where measuring it failed."""
+    if isinstance(value, dict) and "error" in value:
+        return "error"
+    return "-" if value is None else str(value)
+
+
 def memory_markdown(steps: list[dict[str, Any]]) -> list[str]:
     """One step's peak memory, planned beside measured, and what held it (distill_step.py --memory)."""
     lines = []
     for r in steps:
         memory = r.get("memory")
         if not memory:
+            continue
+        if "error" in memory:
+            lines += ["", f"Peak memory of one {r['name']} step: error ({memory['error']})"]
             continue
         device = f"{memory['device_peak_gib']:.2f}" if memory.get("device_peak_gib") is not None else "-"
         lines += [
@@ -385,7 +395,7 @@ def markdown(report: dict[str, Any]) -> str:
         mem = f"{r['max_memory_gib']:.1f}" if r.get("max_memory_gib") else "-"
         lines.append(
             f"| {r['name']} ({' '.join(r['args'])}) | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {mem} | "
-            f"{r['host_sync_in_forward_backward']} | {r.get('ops_per_step') or '-'} |"
+            f"{r['host_sync_in_forward_backward']} | {plain(r.get('ops_per_step'))} |"
         )
     if report.get("naive_ratio"):
         lines += ["", f"Project step / naive step tokens/s: **{report['naive_ratio']:.2f}x**"]
@@ -407,7 +417,9 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("not_started"):
         lines += ["", f"Not started, too close to the deadline: {', '.join(report['not_started'])}."]
     for r in report["steps"]:
-        if r.get("profile"):
+        if r.get("profile") and "error" in r["profile"]:
+            lines += ["", f"Where the bare step's time goes ({' '.join(r['args'])}): error ({r['profile']['error']})"]
+        elif r.get("profile"):
             heading = f"Where the bare step's time goes ({' '.join(r['args'])}):"
             lines += ["", heading, "", profile_markdown(r["profile"])]
     for r in report["cases"]:
