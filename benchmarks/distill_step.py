@@ -57,7 +57,13 @@ from benchmarks.naive_step import NaiveStep
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
-from trainer.commands.plan import LiveBytes, meta_distiller, peak_activation_bytes, step_flops_per_token
+from trainer.commands.plan import (
+    LiveBytes,
+    dropping_gradients,
+    meta_distiller,
+    peak_activation_bytes,
+    step_flops_per_token,
+)
 from trainer.config import TrainConfig
 from trainer.modeling import (
     base_config,
@@ -185,14 +191,8 @@ def step_memory(
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    params = [p for p in distiller.parameters() if p.requires_grad]
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)) for p in params]
-    try:
-        with PeakSites(existing) as sites:
-            forward_backward(0)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with dropping_gradients(distiller), PeakSites(existing) as sites:
+        forward_backward(0)
     device_peak = None
     if device.type == "cuda":
         synchronize(device)

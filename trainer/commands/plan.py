@@ -305,23 +305,30 @@ def peak_activation_bytes(distiller: Distiller, micro_batch_size: int, mask_prob
     losses' float32 temporaries at the end of the forward. Gradients are dropped as they are made: ZeRO-1
     and -2 move them into their buckets, which :func:`memory_per_rank` counts. The saved activations alone
     fell short of the peaks measured on a GPU (docs/benchmarks.md, "Peak memory against the plan")."""
-    hooks = [
-        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-        for p in distiller.parameters()
-        if p.requires_grad
-    ]
     batch = meta_batch(micro_batch_size, mask_probability, seq_len)
     weights = [*distiller.parameters(), *distiller.buffers()]
     if distiller.teacher is not None:
         weights += [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
     batch_tensors = [batch.input_ids, batch.labels, batch.targets, batch.positions.index, batch.positions.valid]
+    with dropping_gradients(distiller), flash_attention_saves(), LiveBytes([*weights, *batch_tensors]) as live:
+        distiller(batch, None)["loss"].backward()
+    return live.peak
+
+
+@contextlib.contextmanager
+def dropping_gradients(module: torch.nn.Module) -> Iterator[None]:
+    """Within the block, each trainable parameter's gradient is dropped as soon as it is accumulated: the
+    step's peak without the gradients, which ZeRO-1 and -2 move into buckets counted apart."""
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        for p in module.parameters()
+        if p.requires_grad
+    ]
     try:
-        with flash_attention_saves(), LiveBytes([*weights, *batch_tensors]) as live:
-            distiller(batch, None)["loss"].backward()
+        yield
     finally:
         for hook in hooks:
             hook.remove()
-    return live.peak
 
 
 # ----------------------------------------------------------------------- what each rank holds, by part
