@@ -142,15 +142,16 @@ def main() -> None:
     from deepspeed.accelerator import get_accelerator
     from helpers import bert_tokenizer_dir
 
+    import trainer.commands.train as train_module
     from benchmarks.gpu.train_throughput import random_teacher
     from common.config import load_config
     from common.tokenizer import load_tokenizer
-    from trainer.commands.train import reseed
+    from trainer.commands.train import Stepper, reseed
     from trainer.config import TrainConfig
     from trainer.modeling import build_student, load_teacher, training_dtype
     from trainer.objective.distiller import Distiller
-    from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
-    from trainer.runtime.data import TrainLoader, open_dataset, padding_mask
+    from trainer.objective.masking import DynamicMasker, load_token_counts
+    from trainer.runtime.data import TrainLoader, open_dataset
     from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
     from trainer.runtime.guard import FiniteGuard
     from trainer.runtime.metrics import StepMeter
@@ -178,37 +179,29 @@ def main() -> None:
     masker = DynamicMasker.from_tokenizer(cfg.masking, load_tokenizer(cfg.teacher), token_counts, device=world.device)
     meter, guard = StepMeter(cfg.global_batch_size), FiniteGuard(world.device)
 
+    stepper = Stepper(
+        engine, masker, guard, meter, world, cfg.seed, dataset.pad_id, cfg.deepspeed.skips_nonfinite_steps
+    )
+
     reads = PhasedReads()
     for method in ("forward", "backward", "step", "get_global_grad_norm", "was_step_applied"):
         setattr(engine, method, reads.phased(getattr(engine, method), f"engine.{method}"))
     guard.observe = reads.phased(guard.observe, "loop: guard.observe")
     meter.add_micro = reads.phased(meter.add_micro, "loop: meter.add_micro")
     meter.end_step = reads.phased(meter.end_step, "loop: meter.end_step")
-    masker = reads.phased(masker, "loop: masker")
-    padding_mask = reads.phased(padding_mask, "loop: padding_mask (host tensors)")
+    stepper.masker = reads.phased(masker, "loop: masker")
+    # the Stepper's padding_mask is the train module's
+    train_module.padding_mask = reads.phased(train_module.padding_mask, "loop: padding_mask (host tensors)")
     watch_syncs(get_accelerator(), reads)
 
-    with reads:  # the body of train()'s step loop, up to meter.end_step
+    with reads:  # train()'s step loop, less its data-wait meter, profiler, logs, evaluation and checkpoints
         for step in range(2 + ns.steps):
             reads.counting = step >= 2
             reseed(cfg.seed, step, world.rank)
             lr = engine.get_lr()[0]
             for micro in range(engine.gradient_accumulation_steps()):
-                batch = next(loader)["input_ids"]
-                host_mask = padding_mask(batch, dataset.pad_id)
-                input_ids = batch.to(world.device, non_blocking=True)
-                attention_mask = None if host_mask is None else host_mask.to(world.device, non_blocking=True)
-                generator = seeded_generator(cfg.seed, step, world.rank, micro, device=world.device)
-                masked = masker(input_ids, attention_mask, generator)
-                out = engine(batch=masked, attention_mask=attention_mask)
-                guard.observe(step + 1, out["loss"])
-                engine.backward(out["loss"])
-                engine.step()
-                meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
-            grad_norm = engine.get_global_grad_norm()
-            if engine.was_step_applied() or not cfg.deepspeed.skips_nonfinite_steps:
-                guard.observe(step + 1, grad_norm)
-            meter.end_step(step + 1, lr, grad_norm)
+                stepper.micro_step(next(loader)["input_ids"], step, micro)
+            stepper.end_step(step + 1, lr)
 
     stage, optimizer = ds_config["zero_optimization"]["stage"], type(engine.optimizer).__name__
     print(f"\n{Path(config).name} {cfg.deepspeed.precision} ZeRO-{stage} ({cfg.deepspeed.config}, {optimizer})")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
 from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
-from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
+from trainer.runtime.engine import Distributed, build_engine, deepspeed_config, init_distributed
 from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
@@ -139,6 +140,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     guard = FiniteGuard(world.device)
     profiler = step_profiler(cfg.profile, output_dir, world.rank, world.device)
 
+    stepper = Stepper(
+        engine, masker, guard, meter, world, cfg.seed, dataset.pad_id, cfg.deepspeed.skips_nonfinite_steps
+    )
     accumulation = engine.gradient_accumulation_steps()
     while step < cfg.max_steps:
         reseed(cfg.seed, step, world.rank)  # dropout: the same random stream after a resume
@@ -148,26 +152,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
             waited = time.perf_counter()
             batch = next(loader)["input_ids"]
             meter.add_data_wait(time.perf_counter() - waited)
-            host_mask = padding_mask(batch, dataset.pad_id)
-            input_ids = batch.to(world.device, non_blocking=True)
-            attention_mask = None if host_mask is None else host_mask.to(world.device, non_blocking=True)
-            generator = seeded_generator(cfg.seed, step, world.rank, micro, device=world.device)
-            masked = masker(input_ids, attention_mask, generator)
-            # Keywords: ZeRO-3's hooks look for tensors among the positional inputs, and a MaskedBatch is none.
-            out = engine(batch=masked, attention_mask=attention_mask)
-            guard.observe(step + 1, out["loss"])  # before the optimizer step below
-            engine.backward(out["loss"])
-            engine.step()
-            meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
+            stepper.micro_step(batch, step, micro)
         step += 1
-        grad_norm = engine.get_global_grad_norm()
-        # fp16: a step whose gradients overflowed is skipped by the loss scaler (its norm is inf, the scale
-        # halves); that is normal operation, not a lost run. So is a non-finite bf16 step under
-        # deepspeed.bf16_skip_nonfinite. Any other non-finite norm stops the run, also where DeepSpeed
-        # skipped its step on its own (ZeRO-3, fp32).
-        if engine.was_step_applied() or not cfg.deepspeed.skips_nonfinite_steps:
-            guard.observe(step, grad_norm)
-        meter.end_step(step, lr, grad_norm)
+        stepper.end_step(step, lr)
         profiler.step_ended(step)
 
         eval_due = step % cfg.eval.every_steps == 0 or step == cfg.max_steps
@@ -202,6 +189,48 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     if world.is_main:
         register_or_explain(student_dir, cfg.mlflow, tracker)  # if mlflow.register_as
     return student_dir
+
+
+@dataclass
+class Stepper:
+    """What a training step does with its parts, built once by :func:`train`. ``benchmarks/host_reads.py``
+    steps the same parts, so that its census counts this loop and not a copy of it."""
+
+    engine: Any
+    masker: DynamicMasker
+    guard: FiniteGuard
+    meter: StepMeter
+    world: Distributed
+    seed: int
+    pad_id: int
+    skips_nonfinite_steps: bool
+
+    def micro_step(self, batch: torch.Tensor, step: int, micro: int) -> None:
+        """Masking, forward, backward and the engine's step for micro-batch ``micro`` of step ``step`` (0-based):
+        ``batch`` is the loader's host tensor of token ids."""
+        device = self.world.device
+        host_mask = padding_mask(batch, self.pad_id)
+        input_ids = batch.to(device, non_blocking=True)
+        attention_mask = None if host_mask is None else host_mask.to(device, non_blocking=True)
+        generator = seeded_generator(self.seed, step, self.world.rank, micro, device=device)
+        masked = self.masker(input_ids, attention_mask, generator)
+        # Keywords: ZeRO-3's hooks look for tensors among the positional inputs, and a MaskedBatch is none.
+        out = self.engine(batch=masked, attention_mask=attention_mask)
+        self.guard.observe(step + 1, out["loss"])  # before the optimizer step below
+        self.engine.backward(out["loss"])
+        self.engine.step()
+        self.meter.add_micro(out, tokens=batch.numel() if host_mask is None else int(host_mask.sum()))
+
+    def end_step(self, step: int, lr: float) -> None:
+        """After the last micro-batch of step ``step`` (1-based, counted): its gradient norm checked and metered."""
+        grad_norm = self.engine.get_global_grad_norm()
+        # fp16: a step whose gradients overflowed is skipped by the loss scaler (its norm is inf, the scale
+        # halves); that is normal operation, not a lost run. So is a non-finite bf16 step under
+        # deepspeed.bf16_skip_nonfinite. Any other non-finite norm stops the run, also where DeepSpeed
+        # skipped its step on its own (ZeRO-3, fp32).
+        if self.engine.was_step_applied() or not self.skips_nonfinite_steps:
+            self.guard.observe(step, grad_norm)
+        self.meter.end_step(step, lr, grad_norm)
 
 
 def export_untrained(student: Any, tokenizer: Any, output_dir: Path, is_main: bool) -> Path:
