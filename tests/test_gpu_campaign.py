@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,15 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     first = session(tmp_path / "out-1", env, budget_s=100)
     measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
     assert measured[:2] == ["project", "naive"]
+    # the pieces in their order: the compiled bare step before every other case and step
+    log = (tmp_path / "out-1" / "throughput.log").read_text()
+    pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===$", log, re.MULTILINE)
+    assert [piece.strip() for piece in pieces] == [
+        "steps --only project,naive,tinybert-memory,sdpa",
+        "cases --only headline",
+        "steps --only project-compiled",
+        "cases,steps",
+    ]
     assert first["not_started"]
     assert set(first["not_started"]).isdisjoint(measured)
     assert "Not started, too close to the deadline" in (tmp_path / "out-1" / "summary.md").read_text()

@@ -14,7 +14,7 @@
 #   session     (the default) all of it, the most telling first, under a time budget (GPU_RUN_BUDGET_S, default
 #               540 s from this script's start: the device kills a command at 600 s): the bare step and the
 #               naive one (the ratio and the profile), the headline case (distilbert-base, 512 x 32), the GPU
-#               tests, then every other case and step. Its results accumulate in $GPU_CAMPAIGN_STATE
+#               tests, the compiled bare step, then every other case and step. Its results accumulate in $GPU_CAMPAIGN_STATE
 #               (runs/gpu-campaign: git-ignored, kept while the machine stays warm) and are copied to OUTDIR
 #               after each piece, so the same command again on the warm machine, with the budget that is
 #               left, continues where the last call stopped (what is done is not measured again).
@@ -88,7 +88,7 @@ tests() {  # the GPU tests; in a session under the deadline (timeout stops pytes
 throughput() {  # throughput() PARTS [train_throughput.py arguments]: appends to the results
     local parts=$1
     shift
-    echo "=== throughput: $parts $* (benchmarks/gpu/train_throughput.py) ==="
+    echo "=== throughput: $parts $* (benchmarks/gpu/train_throughput.py) ===" | tee -a "$RESULTS/throughput.log"
     # THROUGHPUT_ARGS: e.g. "--only distilbert-512-mb32" to repeat one case with `cases` (not with `session`,
     # whose own --only it would override), or "--quick --work DIR" for the CPU dry run
     "$PY" benchmarks/gpu/train_throughput.py "$RESULTS" --data "$INPUTS" --parts "$parts" "${SESSION_ARGS[@]}" "$@" \
@@ -123,6 +123,10 @@ case $MODE in
         elif [ "$(left)" -ge 60 ]; then
             tests
         fi
+        report
+        # compile is what is left for the kernel-bound step (docs/benchmarks.md, "What bounds the engine"): its
+        # bare step before the rest, so that a short call still says whether it pays
+        throughput steps --only project-compiled
         report
         throughput cases,steps
         ;;
