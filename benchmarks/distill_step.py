@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--json]
+        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--floor] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -30,6 +30,10 @@ first"); it runs after the timed steps, so it does not slow the figures above.
 what ``plan`` counts and, on CUDA, what the allocator saw, and the ops and lines that held the most
 at the peak. For a preset whose measured peak the plan misses (``tinybert-4l-312``), it says where.
 
+``--floor`` then measures the device's two ceilings (a large matmul's FLOP/s, a large copy's bytes/s) and
+reports the step's floor against them (``benchmarks/step_floor.py``: every op at the longer of its FLOPs'
+and its bytes' time, by category), beside the profile's measured time per category where there is one.
+
 ``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
 ``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
 matching tokenizer when the teacher directory has none.
@@ -54,6 +58,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.host_reads import PhasedReads, issuer
 from benchmarks.naive_step import NaiveStep
+from benchmarks.step_floor import floor_markdown, measured_ceilings, measured_matmul_peak, step_floor
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
@@ -116,19 +121,6 @@ def ops_per_step(step: Any, i: int) -> int:
 
 def gpu_peak(name: str) -> float | None:
     return next((peak for key, peak in GPU_PEAK_BF16.items() if key in name), None)
-
-
-def measured_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a large square matmul in ``dtype``: the practical ceiling of this device."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    a @ b  # warm-up
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    synchronize(device)
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
 def host_syncs(device: torch.device, forward_backward: Any) -> str:
@@ -316,10 +308,20 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     # What follows the timing explains it. A failure there is recorded in its place, and the figures above are
     # kept: the first GPU run of the op census failed where a CPU never goes, and took the timings with it.
+    if args.peak_tflops is not None:
+        peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
+    elif device.type == "cuda" and gpu_peak(torch.cuda.get_device_name(device)) is not None:
+        peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
+    else:
+        peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
     ops = None if args.compile else secondary(lambda: ops_per_step(step, args.warmup + args.steps))
     profiled = None
     if args.profile_steps:
         profiled = secondary(lambda: profile_steps(step, args.warmup + args.steps, args.profile_steps, device))
+    floor = None
+    if args.floor:  # the profile's time per category beside its floor, where this run profiled
+        measured = profiled["categories_ms_per_step"] if profiled and "error" not in profiled else None
+        floor = secondary(lambda: step_floor(cfg, args.seq_len, *measured_ceilings(device, dtype), peak, measured))
     memory = None
     if args.memory:  # after every other measurement: the tracking slows its one step
         teacher_tensors = [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
@@ -330,12 +332,6 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
         "total"
     ]
-    if args.peak_tflops is not None:
-        peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
-    elif device.type == "cuda" and gpu_peak(torch.cuda.get_device_name(device)) is not None:
-        peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
-    else:
-        peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
     return {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -362,6 +358,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "ops_per_step": ops,
         "max_memory_gib": max_memory,
         "profile": profiled,
+        "floor": floor,
         "memory": memory,
     }
 
@@ -389,12 +386,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--memory", action="store_true", help="then one step's peak memory: planned, tracked, on the device, by site"
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="then the step's floor at this device's measured ceilings, by category"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.seq_len < 2 or args.profile_steps < 0:
         raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
     if args.memory and (args.step != "project" or args.compile):
         raise ConfigError("--memory: the project's eager step only (the naive step and compile are not planned)")
+    if args.floor and (args.step != "project" or args.compile):
+        raise ConfigError("--floor: the project's eager step only (its ops are counted as the eager step runs them)")
     path, overrides = split_config_args(args.args)
     cfg = load_config(TrainConfig, path, overrides)
     if cfg.teacher is None:
@@ -412,6 +414,8 @@ def main(argv: list[str]) -> int:
         )
         if result["profile"] and "error" not in result["profile"]:
             print(profile_markdown(result["profile"]))
+        if result["floor"] and "error" not in result["floor"]:
+            print(floor_markdown(result["floor"]))
     return 0
 
 

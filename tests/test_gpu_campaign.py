@@ -108,6 +108,11 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     for peak in memory.values():
         assert peak["planned_peak_gib"] > 0 and peak["tracked_peak_gib"] > 0 and peak["at_peak"]
     assert any("tinybert.py" in site["site"] for site in memory["tinybert-memory"]["at_peak"])
+    # the project's step against its floor at this machine's ceilings, by category of its profile
+    floor = next(r["floor"] for r in second["steps"] if r["name"] == "project")
+    assert "error" not in floor, floor
+    assert floor["counted_gflop"] == pytest.approx(floor["model_gflop"], rel=1e-9) and floor["measured_ms"] > 0
+    assert floor["categories"]["matmul"]["measured_ms"] > 0 and floor["categories"]["matmul"]["floor_ms"] > 0
     # the attention probe: every preset's encoders, by head size (the bert-base ones share 12 x 64)
     assert "error" not in second["sdpa"], second["sdpa"]
     encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
@@ -125,6 +130,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Peak memory of one tinybert-memory step" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert "The bare step's floor by category" in (tmp_path / "out-2" / "summary.md").read_text()
 
 
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:
@@ -202,9 +208,10 @@ def test_a_failed_diagnostic_keeps_the_steps_timing() -> None:
     assert failed == {"error": "ZeroDivisionError: division by zero"}
     step = {"name": "project", "args": ["--step=project"], "tokens_per_s": 500000.0, "mfu": 0.27}
     step |= {"max_memory_gib": 5.6, "host_sync_in_forward_backward": "none", "micro_batch_size": 32, "seq_len": 512}
-    step |= {"ops_per_step": failed, "profile": failed, "memory": failed}
+    step |= {"ops_per_step": failed, "profile": failed, "floor": failed, "memory": failed}
     report = {"device": "H200", "versions": "torch", "cases": [], "steps": [step]}
     table = train_throughput.markdown(report)
     assert "| project (--step=project) | 500,000 | 27.0% | 5.6 | none | error |" in table
     assert "Where the bare step's time goes (--step=project): error (ZeroDivisionError" in table
     assert "Peak memory of one project step: error (ZeroDivisionError" in table
+    assert "The bare step's floor (project): error (ZeroDivisionError" in table

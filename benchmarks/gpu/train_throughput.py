@@ -48,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.step_floor import floor_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
 from trainer.commands.plan import build_plan
@@ -65,9 +66,10 @@ STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: me
 # the naive reference step, the compiled step (does compile pay, now that the encoders' masks stay eager), and
 # fused AdamW off (measured once already: 1.09x). "losses" is benchmarks/losses.py. The project's step and
 # TinyBERT-4's (at 64 x 512, where the campaigns measured 1.7x the planned peak) end with one step's peak
-# memory, by site (--memory).
+# memory, by site (--memory); the project's also with its floor by category, beside its profile, at the
+# device's measured ceilings (--floor: how far each category's kernels are from their roofline).
 STEP_VARIANTS = {
-    "project": ["--step=project", "--profile-steps=3", "--memory"],
+    "project": ["--step=project", "--profile-steps=3", "--floor", "--memory"],
     "naive": ["--step=naive"],
     "tinybert-memory": ["--step=project", "--memory"],
     "project-compiled": ["--step=project", "--compile"],
@@ -422,6 +424,11 @@ def markdown(report: dict[str, Any]) -> str:
         elif r.get("profile"):
             heading = f"Where the bare step's time goes ({' '.join(r['args'])}):"
             lines += ["", heading, "", profile_markdown(r["profile"])]
+        if r.get("floor") and "error" in r["floor"]:
+            lines += ["", f"The bare step's floor ({r['name']}): error ({r['floor']['error']})"]
+        elif r.get("floor"):
+            heading = f"The bare step's floor by category (benchmarks/step_floor.py; {r['name']}):"
+            lines += ["", heading, "", floor_markdown(r["floor"])]
     for r in report["cases"]:
         if r.get("profile"):
             heading = (
@@ -494,7 +501,7 @@ def main() -> int:
     def record(kind: str, result: dict[str, Any]) -> None:
         report[kind].append(result)
         save()
-        print(json.dumps({k: v for k, v in result.items() if k not in ("error", "profile")}), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if k not in ("error", "profile", "floor")}), flush=True)
         if "error" in result:
             print(result["error"], file=sys.stderr, flush=True)
 

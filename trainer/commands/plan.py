@@ -24,7 +24,7 @@ import json
 import math
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,25 +180,32 @@ class _FlashAttentionSaves(torch.autograd.Function):
 
     On the meta device SDPA takes its math path, which saves the ``[seq, seq]`` score matrices that no
     GPU run of a packed batch keeps (attention dropout included: flash keeps only its random state).
+    ``observe``, when given, is told of each call and its backward, with q, k and v: what the kernel reads.
     """
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, observe: Any) -> torch.Tensor:
         out = torch.empty_like(q)
         ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1], dtype=torch.float32))
+        ctx.observe = observe
+        if observe is not None:
+            observe("forward", q, k, v)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, _, _ = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if ctx.observe is not None:
+            ctx.observe("backward", q, k, v)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
 
 @contextlib.contextmanager
-def flash_attention_saves() -> Iterator[None]:
-    """Within: ``F.scaled_dot_product_attention`` (what Hugging Face's SDPA attention calls) saves as flash does."""
+def flash_attention_saves(observe: Callable[..., None] | None = None) -> Iterator[None]:
+    """Within: ``F.scaled_dot_product_attention`` (what Hugging Face's SDPA attention calls) saves as flash does;
+    ``observe(pass, q, k, v)`` is called on each ``"forward"`` and ``"backward"`` (``benchmarks/step_floor.py``)."""
     original = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = lambda q, k, v, *args, **kwargs: _FlashAttentionSaves.apply(q, k, v)
+    F.scaled_dot_product_attention = lambda q, k, v, *args, **kwargs: _FlashAttentionSaves.apply(q, k, v, observe)
     try:
         yield
     finally:
