@@ -306,14 +306,14 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     host_sync = host_syncs(device, lambda: forward_backward(0))
     max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    # What follows the timing explains it. A failure there is recorded in its place, and the figures above are
-    # kept: the first GPU run of the op census failed where a CPU never goes, and took the timings with it.
     if args.peak_tflops is not None:
         peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
     elif device.type == "cuda" and gpu_peak(torch.cuda.get_device_name(device)) is not None:
         peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
     else:
         peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
+    # What follows the timing explains it. A failure there is recorded in its place, and the figures above are
+    # kept: the first GPU run of the op census failed where a CPU never goes, and took the timings with it.
     ops = None if args.compile else secondary(lambda: ops_per_step(step, args.warmup + args.steps))
     profiled = None
     if args.profile_steps:
