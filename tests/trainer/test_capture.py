@@ -87,13 +87,14 @@ def test_capture_rejects_missing_layers_and_non_bert_models():
 
 def test_distiller_layer_terms_equal_a_direct_computation():
     """The Distiller's layer terms, recomputed from ``output_hidden_states`` and the layers' own Q/K/V linears."""
+    from benchmarks.attention_loss import score_matrix_mse
     from common.config import load_config
     from trainer.config import ObjectiveConfig, StudentConfig
     from trainer.modeling import build_student
     from trainer.objective.distiller import Distiller
     from trainer.objective.layer_methods.minilm import relation_kl
     from trainer.objective.layer_methods.pkd import pkd_patient_loss
-    from trainer.objective.layer_methods.tinybert import attention_score_mse, hidden_mse
+    from trainer.objective.layer_methods.tinybert import hidden_mse
     from trainer.objective.masking import MaskedBatch
 
     teacher = build(BertForMaskedLM, BertConfig)
@@ -129,9 +130,12 @@ def test_distiller_layer_terms_equal_a_direct_computation():
         "tinybert_hidden": hidden_mse(w_h(s_states[1]), t_states[2], mask)
         + hidden_mse(w_h(s_states[2]), t_states[4], mask),
         "tinybert_attention": sum(
-            attention_score_mse(
-                scaled_relation(projection(student, s_states, i, "query"), projection(student, s_states, i, "key"), 4),
-                scaled_relation(projection(teacher, t_states, j, "query"), projection(teacher, t_states, j, "key"), 4),
+            score_matrix_mse(
+                projection(student, s_states, i, "query"),
+                projection(student, s_states, i, "key"),
+                projection(teacher, t_states, j, "query"),
+                projection(teacher, t_states, j, "key"),
+                4,
                 mask,
             )
             for i, j in [(0, 1), (1, 3)]
