@@ -33,6 +33,9 @@ at the peak. For a preset whose measured peak the plan misses (``tinybert-4l-312
 ``--floor`` then measures the device's two ceilings (a large matmul's FLOP/s, a large copy's bytes/s) and
 reports the step's floor against them (``benchmarks/step_floor.py``: every op at the longer of its FLOPs'
 and its bytes' time, by category), beside the profile's measured time per category where there is one.
+With ``--compile`` the floor is that of the kernels Inductor made for the step, counted as the first
+warm-up step compiles them (``benchmarks/compiled_floor.py``; caches off for that compile, so that it
+counts), beside the measured step.
 
 ``--random-weights`` builds the teacher from its ``config.json`` alone (e.g.
 ``teacher=configs/teachers/bert-base-uncased``); give ``--tokenizer`` a directory with the
@@ -42,6 +45,7 @@ matching tokenizer when the teacher directory has none.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -56,6 +60,7 @@ from torch.profiler import profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.compiled_floor import compiled_report, inductor_counts, kernel_costs
 from benchmarks.host_reads import PhasedReads, issuer
 from benchmarks.naive_step import NaiveStep
 from benchmarks.step_floor import floor_markdown, measured_ceilings, measured_matmul_peak, step_floor
@@ -297,8 +302,13 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
             optimizer.step()
             return loss
 
+    compiled_kernels: list[tuple[Any, int]] = []
     for i in range(args.warmup):
-        step(i)
+        # With --compile --floor, the first step (which compiles) also records the kernels Inductor makes.
+        counting = inductor_counts() if i == 0 and args.compile and args.floor else contextlib.nullcontext([])
+        with counting as kernels:
+            step(i)
+        compiled_kernels += kernels
     synchronize(device)
     start = time.perf_counter()
     losses = [step(args.warmup + i) for i in range(args.steps)]
@@ -312,6 +322,9 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
     else:
         peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
+    flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
+        "total"
+    ]
     # What follows the timing explains it. A failure there is recorded in its place, and the figures above are
     # kept: the first GPU run of the op census failed where a CPU never goes, and took the timings with it.
     ops = None if args.compile else secondary(lambda: ops_per_step(step, args.warmup + args.steps))
@@ -319,7 +332,18 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     if args.profile_steps:
         profiled = secondary(lambda: profile_steps(step, args.warmup + args.steps, args.profile_steps, device))
     floor = None
-    if args.floor:  # the profile's time per category beside its floor, where this run profiled
+    if args.floor and args.compile:  # the kernels the compile made, beside the step's measured time
+        trainable = [p for p in distiller.parameters() if p.requires_grad]
+        step_flops = flops * cfg.micro_batch_size * args.seq_len
+
+        def counted() -> dict[str, Any]:
+            kernels, ceilings = kernel_costs(compiled_kernels), measured_ceilings(device, dtype)
+            parameters, weight_bytes = sum(p.numel() for p in trainable), trainable[0].element_size()
+            report = compiled_report(kernels, parameters, step_flops, *ceilings, peak, weight_bytes)
+            return {**report, "measured_step_ms": seconds / args.steps * 1e3}
+
+        floor = secondary(counted)
+    elif args.floor:  # the profile's time per category beside its floor, where this run profiled
         measured = profiled["categories_ms_per_step"] if profiled and "error" not in profiled else None
         floor = secondary(lambda: step_floor(cfg, args.seq_len, *measured_ceilings(device, dtype), peak, measured))
     memory = None
@@ -329,9 +353,6 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         memory = secondary(lambda: step_memory(cfg, distiller, args.seq_len, forward_backward, existing))
 
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
-    flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
-        "total"
-    ]
     return {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -395,8 +416,10 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
     if args.memory and (args.step != "project" or args.compile):
         raise ConfigError("--memory: the project's eager step only (the naive step and compile are not planned)")
-    if args.floor and (args.step != "project" or args.compile):
-        raise ConfigError("--floor: the project's eager step only (its ops are counted as the eager step runs them)")
+    if args.floor and args.step != "project":
+        raise ConfigError("--floor: the project's step only (the naive step's ops are not counted)")
+    if args.compile and args.floor and args.warmup < 1:
+        raise ConfigError("--compile --floor: the first warm-up step's compile is what is counted (--warmup >= 1)")
     path, overrides = split_config_args(args.args)
     cfg = load_config(TrainConfig, path, overrides)
     if cfg.teacher is None:

@@ -193,11 +193,12 @@ def floor_report(
     model_flops: float,
     peak_flops: float,
     measured: dict[str, float] | None = None,
+    step: str = "eager",
 ) -> dict[str, Any]:
     """Per category: ops, GFLOP, GB moved, the floor (each op at the longer of its two times) and, with
     ``measured`` (ms per category), the measured time, its ratio to the floor and the bandwidth reached
     where the category is memory-bound. ``model_flops`` (``plan``'s) over the floor at ``peak_flops`` is the
-    MFU an eager step at its floor would reach."""
+    MFU a ``step`` ("eager", "compiled") at its floor would reach."""
     categories: dict[str, dict[str, float]] = {}
     for op in ops:
         row = categories.setdefault(op.category, {"ops": 0, "gflop": 0.0, "gb": 0.0, "floor_ms": 0.0})
@@ -220,6 +221,7 @@ def floor_report(
         entry[3] += max(op.flops / matmul_flops, op.bytes / bandwidth) * 1e3
     top = sorted(by_name.items(), key=lambda kv: -kv[1][3])[:12]
     report: dict[str, Any] = {
+        "step": step,
         "matmul_tflops": matmul_flops / 1e12,
         "bandwidth_tbs": bandwidth / 1e12,
         "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1]["floor_ms"])),
@@ -259,15 +261,20 @@ def floor_markdown(report: dict[str, Any]) -> str:
     totals = (
         f"Floor {report['floor_ms']:.2f} ms a step at {figure(report['matmul_tflops'])} TFLOP/s and "
         f"{figure(report['bandwidth_tbs'])} TB/s ({report['gb']:.2f} GB moved, {report['counted_gflop']:,.0f} GFLOP "
-        f"counted, plan's model FLOPs {report['model_gflop']:,.0f} GFLOP): an eager step at its floor would reach "
-        f"{report['mfu_at_floor']:.1%} MFU of {figure(report['peak_tflops'])} TFLOP/s"
+        f"counted, plan's model FLOPs {report['model_gflop']:,.0f} GFLOP): the {report['step']} step at its floor "
+        f"would reach {report['mfu_at_floor']:.1%} MFU of {figure(report['peak_tflops'])} TFLOP/s"
     )
     if measured:
         totals += (
             f"; the measured kernels, {report['measured_ms']:.2f} ms, "
             f"{report['mfu_of_measured_kernels']:.1%} ({report['measured_ms'] / report['floor_ms']:.2f}x the floor)"
         )
+    if "measured_step_ms" in report:
+        step_ms = report["measured_step_ms"]
+        totals += f"; the measured step, {step_ms:.2f} ms, {step_ms / report['floor_ms']:.2f}x the floor"
     totals += ". Not counted: the masking (the counted batch comes masked), which the measured masking time holds"
+    if report["step"] == "compiled":
+        totals += ", and the few eager ops between the compiled pieces"
     lines += [
         "",
         totals + ".",
@@ -333,24 +340,40 @@ def measured_ceilings(device: torch.device, dtype: torch.dtype) -> tuple[float, 
     return measured_matmul_peak(device, dtype), measured_bandwidth(device, nbytes=2**28, repeats=3)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+# ------------------------------------------------------------------------------- the command line
+def floor_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every floor takes (this script's, ``compiled_floor.py``'s): a config, the sequence length and
+    the rates it is counted against."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--matmul-tflops", type=float, required=True, help="the matrix units' rate, TFLOP/s")
     parser.add_argument("--bandwidth-tbs", type=float, required=True, help="memory bandwidth, TB/s read + written")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the peak MFU is counted against")
-    parser.add_argument("--profile", type=Path, default=None, help="a profile of the same step (JSON), to compare")
     parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def parsed_floor_args(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, TrainConfig]:
+    """The arguments, checked, and the config they name; the rates are then in FLOP/s and bytes/s."""
     args = parser.parse_intermixed_args(argv)
     if min(args.matmul_tflops, args.bandwidth_tbs, args.peak_tflops) <= 0 or args.seq_len < 2:
         raise ConfigError("--matmul-tflops, --bandwidth-tbs and --peak-tflops must be > 0, --seq-len >= 2")
-    path, overrides = split_config_args(args.args)
-    cfg = load_config(TrainConfig, path, overrides)
-    measured = None if args.profile is None else measured_profile(args.profile)
-    report = step_floor(
-        cfg, args.seq_len, args.matmul_tflops * 1e12, args.bandwidth_tbs * 1e12, args.peak_tflops * 1e12, measured
+    args.matmul_flops, args.bandwidth, args.peak_flops = (
+        args.matmul_tflops * 1e12,
+        args.bandwidth_tbs * 1e12,
+        args.peak_tflops * 1e12,
     )
+    path, overrides = split_config_args(args.args)
+    return args, load_config(TrainConfig, path, overrides)
+
+
+def main(argv: list[str]) -> int:
+    parser = floor_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", type=Path, default=None, help="a profile of the same step (JSON), to compare")
+    args, cfg = parsed_floor_args(parser, argv)
+    measured = None if args.profile is None else measured_profile(args.profile)
+    report = step_floor(cfg, args.seq_len, args.matmul_flops, args.bandwidth, args.peak_flops, measured)
     print(json.dumps(report, indent=2) if args.json else floor_markdown(report))
     return 0
 

@@ -113,6 +113,12 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert "error" not in floor, floor
     assert floor["counted_gflop"] == pytest.approx(floor["model_gflop"], rel=1e-9) and floor["measured_ms"] > 0
     assert floor["categories"]["matmul"]["measured_ms"] > 0 and floor["categories"]["matmul"]["floor_ms"] > 0
+    # the compiled step against the floor of the kernels Inductor made for it, counted as they were compiled
+    compiled = next(r["floor"] for r in second["steps"] if r["name"] == "project-compiled")
+    assert "error" not in compiled, compiled
+    assert compiled["step"] == "compiled" and any(op["op"].startswith("fused_") for op in compiled["top_ops"])
+    assert compiled["counted_gflop"] == pytest.approx(compiled["model_gflop"], rel=1e-9)
+    assert compiled["measured_step_ms"] > compiled["floor_ms"] > 0
     # the attention probe: every preset's encoders, by head size (the bert-base ones share 12 x 64)
     assert "error" not in second["sdpa"], second["sdpa"]
     encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
@@ -130,7 +136,10 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Peak memory of one tinybert-memory step" in (tmp_path / "out-2" / "summary.md").read_text()
-    assert "The bare step's floor by category" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert (
+        "The bare step's floor by category (benchmarks/step_floor.py" in (tmp_path / "out-2" / "summary.md").read_text()
+    )
+    assert "(benchmarks/compiled_floor.py; project-compiled)" in (tmp_path / "out-2" / "summary.md").read_text()
 
 
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:

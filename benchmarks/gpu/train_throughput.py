@@ -67,12 +67,13 @@ STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: me
 # fused AdamW off (measured once already: 1.09x). "losses" is benchmarks/losses.py. The project's step and
 # TinyBERT-4's (at 64 x 512, where the campaigns measured 1.7x the planned peak) end with one step's peak
 # memory, by site (--memory); the project's also with its floor by category, beside its profile, at the
-# device's measured ceilings (--floor: how far each category's kernels are from their roofline).
+# device's measured ceilings (--floor: how far each category's kernels are from their roofline). The compiled
+# step's floor is the kernels Inductor made for it, counted as it compiles (benchmarks/compiled_floor.py).
 STEP_VARIANTS = {
     "project": ["--step=project", "--profile-steps=3", "--floor", "--memory"],
     "naive": ["--step=naive"],
     "tinybert-memory": ["--step=project", "--memory"],
-    "project-compiled": ["--step=project", "--compile"],
+    "project-compiled": ["--step=project", "--compile", "--floor"],
     "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
 }
 LOSSES = "losses"
@@ -427,7 +428,8 @@ def markdown(report: dict[str, Any]) -> str:
         if r.get("floor") and "error" in r["floor"]:
             lines += ["", f"The bare step's floor ({r['name']}): error ({r['floor']['error']})"]
         elif r.get("floor"):
-            heading = f"The bare step's floor by category (benchmarks/step_floor.py; {r['name']}):"
+            script = "compiled_floor.py" if r["floor"].get("step") == "compiled" else "step_floor.py"
+            heading = f"The bare step's floor by category (benchmarks/{script}; {r['name']}):"
             lines += ["", heading, "", floor_markdown(r["floor"])]
     for r in report["cases"]:
         if r.get("profile"):

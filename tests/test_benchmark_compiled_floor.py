@@ -1,0 +1,136 @@
+"""benchmarks/compiled_floor.py: the kernels torch.compile makes for a step, by Inductor's own count."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.compiled_floor import (
+    CPU_BATCHES,
+    along_the_batch,
+    attention,
+    compiled_report,
+    count_batch,
+    opaque_attention,
+)
+from benchmarks.step_floor import OpCost, count_step, floor_markdown
+from common.config import load_config
+from trainer.commands.plan import step_flops_per_token
+from trainer.config import TrainConfig
+from trainer.modeling import base_config, load_teacher_config, student_config
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ = 64
+
+
+def test_the_attention_stand_in_is_attention_one_op_each_way() -> None:
+    """The opaque op a CPU count compiles in SDPA's place computes what SDPA does, forward and backward."""
+    q, k, v = (torch.randn(2, 3, 16, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 3, 16, 8, dtype=torch.float64)
+    with opaque_attention():
+        ours = F.scaled_dot_product_attention(q, k, v)  # as Hugging Face calls it
+    ours.backward(grad)
+    our_grads = [t.grad for t in (q, k, v)]
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    reference = F.scaled_dot_product_attention(q, k, v)
+    reference.backward(grad)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)  # the stand-in works in float32
+    for mine, theirs in zip(our_grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert F.scaled_dot_product_attention is not attention  # restored on leaving
+    with pytest.raises(Exception, match="packed batches"), opaque_attention():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+
+
+def test_library_calls_are_paired_by_kind_and_generated_kernels_by_category_along_the_batch() -> None:
+    small = [OpCost("aten::mm", "matmul", 10, 100), OpCost("fused_gelu", "norms and activations", 0, 7)]
+    small += [OpCost("fused_a", "other", 0, 5), OpCost("fused_b", "other", 0, 5)]
+    # reordered, and the two "other" kernels fused differently (into one, under another name)
+    large = [OpCost("fused_gelu", "norms and activations", 0, 9), OpCost("fused_c", "other", 0, 14)]
+    large += [OpCost("aten::mm", "matmul", 20, 150)]
+    assert along_the_batch(small, large, (2, 4), 8) == [
+        OpCost("aten::mm", "matmul", 40, 250),
+        OpCost("fused_gelu", "norms and activations", 0, 13),
+        OpCost("fused_c", "other", 0, 22),  # 10 at 2, 14 at 4: 22 at 8
+    ]
+    with pytest.raises(RuntimeError, match="different kernels"):
+        along_the_batch(small, large[:2], (2, 4), 8)  # a matmul missing
+
+
+@pytest.fixture(scope="module")
+def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:
+    """DistilBERT's recipe from a 4-layer, 64-wide BERT teacher (config only: random weights)."""
+    from transformers import BertConfig
+
+    teacher = tmp_path_factory.mktemp("teacher")
+    BertConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        architectures=["BertForMaskedLM"],
+    ).save_pretrained(teacher)
+    overrides = [f"teacher={teacher}", "student.teacher_layers=null", "data=unused"]
+    cfg = load_config(TrainConfig, REPO / "configs" / "distilbert-base.yaml", overrides)
+    cfg.masking.frequency_smoothing = None  # no dataset to read token counts from; the kernels are the same
+    return cfg
+
+
+def model_flops(cfg: TrainConfig, micro_batch: int) -> float:
+    teacher = load_teacher_config(cfg.teacher)
+    student = student_config(cfg.student, base_config(cfg.student, teacher))
+    per_token = step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, SEQ)["total"]
+    return per_token * micro_batch * SEQ
+
+
+def test_the_compiled_step_moves_fewer_bytes_than_the_eager_one_and_grows_along_the_batch(
+    tiny_distilbert: TrainConfig,
+) -> None:
+    """Three real compiles on this CPU (about 25 s each): the kernels Inductor made, their FLOPs exactly the
+    model FLOPs ``plan`` counts, and at micro-batch 6 what the line through 4 and 8 (a CPU count's) says."""
+    cpu = torch.device("cpu")
+    counts = {b: count_batch(tiny_distilbert, SEQ, b, cpu) for b in (4, 6, 8)}
+    six = counts[6]
+    categories = {op.category for op in six}
+    assert {"matmul", "attention", "norms and activations", "softmax and losses"} <= categories
+    names = [op.name for op in six]
+    assert any(name.startswith("fused_") and "native_layer_norm" in name for name in names)
+    # 4 teacher and 2 student layers forward, the student's 2 backward: one opaque call each, no score matrices
+    assert names.count("torch.ops.compiled_floor.attention.default") == 6
+    assert names.count("torch.ops.compiled_floor.attention_backward.default") == 2
+    assert sum(op.flops for op in six) == pytest.approx(model_flops(tiny_distilbert, 6), rel=1e-12)
+
+    # Activations grow with the batch and weights do not, so each category's bytes lie on a line, to a few
+    # kernels whose partial sums Inductor sizes by the batch (0.03 % of "other" here)
+    line = along_the_batch(counts[4], counts[8], CPU_BATCHES, 6)
+    for category in categories:
+        direct = sum(op.bytes for op in six if op.category == category)
+        assert sum(op.bytes for op in line if op.category == category) == pytest.approx(direct, rel=1e-3)
+    assert sum(op.flops for op in line) == sum(op.flops for op in six)
+
+    tiny_distilbert.micro_batch_size = 6
+    eager = count_step(tiny_distilbert, SEQ)
+    assert [op.name for op in eager[-3:]] == ["aten::_to_copy", "aten::_fused_adamw_", "aten::_foreach_copy_"]
+    eager_bytes = sum(op.bytes for op in eager[:-3])  # the forward and backward, without the optimizer
+    assert sum(op.bytes for op in six) < 0.8 * eager_bytes  # what fusing the memory-bound ops is for
+
+    report = compiled_report(
+        six,
+        trainable=1000,
+        model_flops=model_flops(tiny_distilbert, 6),
+        matmul_flops=1e14,
+        bandwidth=1e12,
+        peak_flops=1e15,
+    )
+    report["measured_step_ms"] = 2 * report["floor_ms"]
+    assert report["step"] == "compiled" and report["categories"]["optimizer"]["gb"] == pytest.approx(34000 / 1e9)
+    table = floor_markdown(report)
+    assert "the compiled step at its floor would reach" in table and "2.00x the floor" in table
+    assert "eager ops between the compiled pieces" in table
+    json.dumps(report)  # what distill_step.py --json and the GPU campaign write
