@@ -1,7 +1,7 @@
 """The floor under the compiled step: the bytes the kernels ``torch.compile`` makes for it move, by Inductor's count.
 
-    python benchmarks/compiled_floor.py CONFIG.yaml [key=value ...] [--seq-len 512] --matmul-tflops T
-        --bandwidth-tbs B [--device cpu|cuda] [--json]
+    python benchmarks/compiled_floor.py CONFIG.yaml [key=value ...] [--seq-len 512] [--micro-batches 32,256]
+        --matmul-tflops T --bandwidth-tbs B [--peak-tflops P] [--device cpu|cuda] [--json]
 
 ``benchmarks/step_floor.py`` counts the eager step op by op: its floor is what the step would take if every
 kernel it launches ran at its roofline. Compile (``compile=true``, :meth:`Distiller.compile_models`) launches
@@ -18,11 +18,10 @@ the losses), runs one forward and backward, and reads that count kernel by kerne
   whichever a packed batch takes). On a CPU, Inductor would take the math path for a training step's
   attention, with its ``[seq, seq]`` score matrices, so the count runs it as an opaque stand-in
   (:func:`opaque_attention`) that reads and writes what a fused GPU kernel does;
-* every kernel Inductor generated, by its bytes alone, named after the ops it fuses (``fused_add_native_dropout_
-  native_layer_norm``) and in the category of the heaviest of them (``trainer.runtime.profiling.op_category``:
-  a LayerNorm with its residual add and dropout is "norms and activations", the losses' kernels "softmax and
-  losses"), so that each category stands beside the eager count's; other library calls Inductor keeps (the
-  random seeds of dropout) as "other";
+* every kernel Inductor generated, by its bytes alone, named after the ops it fuses (``fused_gelu_view``) and
+  in ``trainer.runtime.profiling.op_category``'s category for that name (a residual add, dropout and LayerNorm
+  fused are "norms and activations", the losses' kernels "softmax and losses"), so that each category stands
+  beside the eager count's; other library calls Inductor keeps (the random seeds of dropout) as "other";
 * the optimizer as ``step_floor.py`` counts it (``distill_step.py``'s fused AdamW is not compiled).
 
 Not counted: the few eager ops between the compiled pieces (the gathers at the masked positions; autograd's
@@ -30,12 +29,12 @@ sum of the gradients that two compiled losses send to the same logits, 0.45 GB o
 ``distilbert-base`` in ``step_floor.py``'s count), and the masking. So the floor is a little low.
 
 On a CPU it is an estimate for a GPU: Inductor's CPU backend generates C++ loops, not Triton kernels, and
-its fusion differs in places (it also fuses outer loops across reductions, which Triton kernels do not), so
-the bytes are what compile could reach rather than what a GPU compile measures. The CPU count compiles the
-step at two micro-batches (4 and 8) and extends each kernel's bytes and FLOPs along the line through them
-(activations grow with the batch, weights do not); the two compiles must generate the same kernels, or it
-says so. On CUDA it counts the micro-batch asked for, as the GPU compiles it: that is the compiled step's
-true floor, to set beside its measured time.
+its fusion differs in places (it has an outer-loop fusion of its own), so the bytes are what compile could
+reach rather than what a GPU compile measures. The CPU count compiles the step at two micro-batches (4 and 8)
+and carries the counts along the line through them to each micro-batch asked for (activations grow with the
+batch, weights do not; :func:`along_the_batch`); the two compiles must make the same library calls and
+kernels in the same categories, or it says so. On CUDA it counts each micro-batch asked for, as the GPU
+compiles it: that is the compiled step's true floor, to set beside its measured time.
 """
 
 from __future__ import annotations
@@ -162,7 +161,9 @@ def opaque_attention() -> Iterator[None]:
     left out, as a fused kernel keeps it in registers and moves no bytes for it."""
     original = F.scaled_dot_product_attention
 
-    def stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, *args: Any, **kwargs: Any):
+    def stand_in(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         if attn_mask is not None:
             raise ConfigError("compiled_floor counts packed batches (no attention mask)")
         scale = kwargs.get("scale") or 1 / math.sqrt(q.shape[-1])
@@ -208,7 +209,8 @@ def size_of(buffer: Any) -> list[int]:
 
 
 def node_cost(node: Any, nbytes: int) -> OpCost:
-    """One Inductor kernel as an :class:`OpCost`, its category as ``step_floor.py``'s where it is a library call."""
+    """One Inductor kernel (a generated one, or a library call) as an :class:`OpCost` in ``step_floor.py``'s
+    categories."""
     from torch._inductor.scheduler import ExternKernelSchedulerNode
     from torch._inductor.utils import get_fused_kernel_name
 
@@ -222,13 +224,10 @@ def node_cost(node: Any, nbytes: int) -> OpCost:
         left = node.node.inputs[-2]  # addmm(bias, a, b), mm(a, b), bmm(a, b): a is [..., M, K]
         return OpCost(f"aten::{short}", "matmul", 2 * math.prod(size_of(node.node)) * size_of(left)[-1], nbytes)
     if "compiled_floor.attention" in kernel or "scaled_dot_product" in kernel:
-        q, k, v = (
-            (size_of(t) for t in node.node.inputs[:3])
-            if "backward" not in kernel
-            else (size_of(t) for t in node.node.inputs[1:4])
-        )
+        backward = "backward" in kernel  # its inputs start with the output's gradient, then q, k, v
+        q, k, v = (size_of(t) for t in node.node.inputs[int(backward) : int(backward) + 3])
         forward_flops = 2 * math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
-        return OpCost(kernel, "attention", forward_flops * (2 if "backward" in kernel else 1), nbytes)
+        return OpCost(kernel, "attention", forward_flops * (2 if backward else 1), nbytes)
     return OpCost(kernel, "other", 0, nbytes)
 
 
