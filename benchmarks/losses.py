@@ -15,6 +15,16 @@ iteration, their ratio, the two losses' difference and the largest gradient diff
 compiled twin is checked to compute the same thing), and on CUDA each variant's peak memory.
 The times are of the losses alone: their share of a whole step is what the GPU campaign's bare
 step with ``--compile`` shows (docs/benchmarks.md).
+
+Then the matmul that makes those logits, the MLM decoder's ``hidden @ Wᵀ + b`` at the same positions, as a
+step runs it (the teacher's forward, the student's forward and backward), three ways: the vocabulary as
+it is (BERT's 30,522), padded at each call to a multiple of 64 rows and the padding's logits sliced off
+(:func:`decoder_logits`, the same values), and a vocabulary that is a multiple of 64 already (the bound:
+no padding copies). Why: a bf16 row of 30,522 logits is 61,044 bytes, not a multiple of 16, and the
+H200's profile of the bare step ran a 2-element-aligned sm80 CUTLASS kernel (``..._align2``, 1.05 ms of a
+29.8 ms step at 32 x 512) beside the sm90 kernels of every other matmul. The report gives each variant's
+time and the padded one's largest differences from the plain one; the trainer pads only once this says
+it pays (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -94,6 +105,93 @@ def time_variant(losses: dict[str, Any], x: dict[str, torch.Tensor], args: argpa
     }
 
 
+VOCAB_MULTIPLE = 64  # what the padded decoder rounds its rows up to (16-byte rows need 8; tiles like 64)
+
+
+def decoder_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``F.linear(hidden, weight, bias)``, computed with ``weight``'s rows (the vocabulary) padded with zeros to
+    a multiple of ``multiple`` and the padding's logits sliced off: the same values, from a matmul whose
+    output rows are aligned. Autograd slices the gradients back (``F.pad``'s backward)."""
+    pad = -weight.shape[0] % multiple
+    if pad == 0:
+        return F.linear(hidden, weight, bias)
+    logits = F.linear(hidden, F.pad(weight, (0, 0, 0, pad)), F.pad(bias, (0, pad)))
+    return logits[..., : weight.shape[0]]
+
+
+def time_decoder(x: dict[str, torch.Tensor], multiple: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Mean seconds of a step's decoder matmuls (the teacher's forward, the student's forward and backward)
+    over ``args.steps`` after ``args.warmup``; ``multiple``: pad the vocabulary to it per call (None: as is).
+    Returns the student's logits and gradients too, for the comparison."""
+    device = x["weight"].device
+    student = {name: x[name].clone().requires_grad_() for name in ("hidden", "weight", "bias")}
+    grad_logits = x["grad_logits"]
+
+    def logits_of(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, weight, bias) if multiple is None else decoder_logits(hidden, weight, bias, multiple)
+
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            synchronize(device)
+            start = time.perf_counter()
+        with torch.no_grad():
+            logits_of(x["teacher_hidden"], x["teacher_weight"], x["bias"])
+        logits = logits_of(student["hidden"], student["weight"], student["bias"])
+        grads = torch.autograd.grad(logits, list(student.values()), grad_logits)
+    synchronize(device)
+    return {
+        "seconds": (time.perf_counter() - start) / args.steps,
+        "logits": logits.detach().float(),
+        "grads": [g.float() for g in grads],
+    }
+
+
+def decoder_benchmark(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The decoder's matmuls at a step's masked positions: the vocabulary as is, padded per call, and native."""
+    generator = torch.Generator().manual_seed(1)
+    positions = args.batch * max_masked(MaskingConfig().probability, args.seq_len)
+    dtype = DTYPES[args.dtype]
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device, dtype)
+
+    def of_vocab(vocab: int) -> dict[str, torch.Tensor]:
+        return {
+            "hidden": randn(positions, args.hidden),
+            "teacher_hidden": randn(positions, args.hidden),
+            "weight": randn(vocab, args.hidden) * 0.02,
+            "teacher_weight": randn(vocab, args.hidden) * 0.02,
+            "bias": randn(vocab) * 0.02,
+            "grad_logits": randn(positions, vocab),
+        }
+
+    padded_vocab = args.vocab + -args.vocab % VOCAB_MULTIPLE
+    x = of_vocab(args.vocab)
+    as_is = time_decoder(x, None, args)
+    padded = time_decoder(x, VOCAB_MULTIPLE, args)
+    native = time_decoder(of_vocab(padded_vocab), None, args)
+    flops = 4 * 2 * positions * args.hidden * args.vocab  # teacher forward, student forward, dX, dW
+
+    def tflops(seconds: float) -> float:
+        return flops / seconds / 1e12
+
+    return {
+        "positions": positions,
+        "vocab": args.vocab,
+        "padded_vocab": padded_vocab,
+        "as_is_ms": as_is["seconds"] * 1e3,
+        "padded_ms": padded["seconds"] * 1e3,
+        "native_ms": native["seconds"] * 1e3,
+        "as_is_over_padded": as_is["seconds"] / padded["seconds"],
+        "as_is_tflops": tflops(as_is["seconds"]),
+        "padded_tflops": tflops(padded["seconds"]),
+        "max_logit_difference": (as_is["logits"] - padded["logits"]).abs().max().item(),
+        "max_grad_difference": max(
+            (a - b).abs().max().item() for a, b in zip(as_is["grads"], padded["grads"], strict=True)
+        ),
+    }
+
+
 def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)  # main resolved "auto"
     x = make_inputs(args, device)
@@ -114,6 +212,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "max_grad_difference": grad_diff,
         "eager_peak_gib": eager["peak_gib"],
         "compiled_peak_gib": compiled["peak_gib"],
+        "decoder": decoder_benchmark(args, device),
     }
 
 
@@ -140,6 +239,12 @@ def main(argv: list[str]) -> int:
             f"{args.dtype}: eager {result['eager_ms']:.2f} ms, compiled {result['compiled_ms']:.2f} ms per "
             f"forward + backward ({result['eager_over_compiled']:.2f}x); |loss difference| "
             f"{result['loss_difference']:.2e}, max |gradient difference| {result['max_grad_difference']:.2e}"
+        )
+        decoder = result["decoder"]
+        print(
+            f"decoder matmuls at {decoder['positions']} positions: vocabulary {decoder['vocab']} as is "
+            f"{decoder['as_is_ms']:.2f} ms, padded to {decoder['padded_vocab']} per call {decoder['padded_ms']:.2f} ms "
+            f"({decoder['as_is_over_padded']:.2f}x), native {decoder['padded_vocab']} {decoder['native_ms']:.2f} ms"
         )
     return 0
 

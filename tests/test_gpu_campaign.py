@@ -81,13 +81,13 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     first = session(tmp_path / "out-1", env, budget_s=100)
     measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
     assert measured[:2] == ["project", "naive"]
-    # the pieces in their order: the compiled bare step before every other case and step
+    # the pieces in their order: the compiled bare step and the output layer's timings before every other case and step
     log = (tmp_path / "out-1" / "throughput.log").read_text()
     pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===$", log, re.MULTILINE)
     assert [piece.strip() for piece in pieces] == [
         "steps --only project,naive,tinybert-memory,sdpa",
         "cases --only headline",
-        "steps --only project-compiled",
+        "steps --only project-compiled,losses",
         "cases,steps",
     ]
     assert first["not_started"]
@@ -102,6 +102,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
     assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
     assert second["losses"] and "error" not in second["losses"]
+    assert second["losses"]["decoder"]["padded_vocab"] % 64 == 0 and second["losses"]["decoder"]["padded_ms"] > 0
     # one step's peak memory, planned beside tracked, with what held it, for the project's step and TinyBERT-4's
     memory = {r["name"]: r["memory"] for r in second["steps"] if r.get("memory")}
     assert set(memory) == {"project", "tinybert-memory"}
@@ -124,6 +125,9 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
     assert "tinybert-4l-312 student" in encoders and "bert-base teacher" in encoders
     assert {(row["heads"], row["head_size"]) for row in second["sdpa"]["shapes"]} >= {(12, 64), (12, 26), (12, 32)}
+    for row in second["sdpa"]["shapes"]:  # each kernel that runs timed, and PyTorch's own choice
+        assert {"math", "auto"} <= set(row["timings"]), row
+        assert all(rates["forward_tflops"] >= 0 and rates["train_ms"] > 0 for rates in row["timings"].values())
     assert second["not_started"] == []
     assert all(r["rc"] == 0 for r in second["cases"]), [r.get("error") for r in second["cases"]]
     assert all("error" not in r for r in second["steps"])
@@ -135,6 +139,8 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     )
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert "Their rates, TFLOP/s of `plan`'s attention FLOPs" in (tmp_path / "out-2" / "summary.md").read_text()
+    assert "The decoder's matmuls at those" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Peak memory of one tinybert-memory step" in (tmp_path / "out-2" / "summary.md").read_text()
     assert (
         "The bare step's floor by category (benchmarks/step_floor.py" in (tmp_path / "out-2" / "summary.md").read_text()

@@ -125,8 +125,9 @@ case $MODE in
         fi
         report
         # compile is what is left for the kernel-bound step (docs/benchmarks.md, "What bounds the engine"): its
-        # bare step before the rest, so that a short call still says whether it pays
-        throughput steps --only project-compiled
+        # bare step before the rest, so that a short call still says whether it pays; then the output layer's
+        # two measurements in one process (a minute: the compiled losses, the decoder's matmuls padded or not)
+        throughput steps --only project-compiled,losses
         report
         throughput cases,steps
         ;;

@@ -20,7 +20,8 @@ Then ``benchmarks/distill_step.py`` times this project's bare step and the naive
 (``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
 ``torch.compile`` of student and teacher (``Distiller.compile_models``): the ratio is the speed-up
 over the usual way. Last, ``benchmarks/losses.py`` times the output losses alone, eager and compiled,
-at the step's shapes (what compiling the losses adds). Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
+at the step's shapes (what compiling the losses adds), and the decoder's matmuls with the vocabulary as is
+and padded to a multiple of 64. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
 
 ``--append`` continues OUTDIR/throughput.json: what it holds is kept and not measured again (except what a
@@ -335,6 +336,21 @@ def sdpa_markdown(sdpa: dict[str, Any]) -> list[str]:
             f"| {', '.join(r['encoders'])} | {r['heads']} x {r['head_size']} | {r['dropout']} | {backends} "
             f"| {r['chosen']} | {peak} |"
         )
+    lines += [
+        "",
+        "Their rates, TFLOP/s of `plan`'s attention FLOPs, forward alone (no_grad, as the teacher runs it) / "
+        "forward and backward (as the student does); `auto` is PyTorch's own choice:",
+        "",
+        "| encoders | heads x size | dropout | flash | cudnn | efficient | math | auto |",
+        "|---" * 8 + "|",
+    ]
+    for r in sdpa["shapes"]:
+        rates = r.get("timings", {})
+        cells = " | ".join(
+            f"{rates[name]['forward_tflops']:.1f} / {rates[name]['train_tflops']:.1f}" if name in rates else "-"
+            for name in ("flash", "cudnn", "efficient", "math", "auto")
+        )
+        lines.append(f"| {', '.join(r['encoders'])} | {r['heads']} x {r['head_size']} | {r['dropout']} | {cells} |")
     return lines
 
 
@@ -414,6 +430,16 @@ def markdown(report: dict[str, Any]) -> str:
             f"(**{losses['eager_over_compiled']:.2f}x**); max |gradient difference| "
             f"{losses['max_grad_difference']:.1e}",
         ]
+        if decoder := losses.get("decoder"):
+            lines += [
+                "",
+                f"The decoder's matmuls at those {decoder['positions']} positions (teacher forward, student forward "
+                f"and backward): vocabulary {decoder['vocab']} as is {decoder['as_is_ms']:.2f} ms "
+                f"({decoder['as_is_tflops']:.0f} TFLOP/s), padded to {decoder['padded_vocab']} per call "
+                f"{decoder['padded_ms']:.2f} ms (**{decoder['as_is_over_padded']:.2f}x**), {decoder['padded_vocab']} "
+                f"natively {decoder['native_ms']:.2f} ms; max |logit difference| "
+                f"{decoder['max_logit_difference']:.1e}",
+            ]
     if report.get("sdpa"):
         lines += sdpa_markdown(report["sdpa"])
     lines += memory_markdown(report["steps"])
