@@ -19,12 +19,13 @@ step with ``--compile`` shows (docs/benchmarks.md).
 Then the matmul that makes those logits, the MLM decoder's ``hidden @ Wᵀ + b`` at the same positions, as a
 step runs it (the teacher's forward, the student's forward and backward), three ways: the vocabulary as
 it is (BERT's 30,522), padded at each call to a multiple of 64 rows and the padding's logits sliced off
-(:func:`decoder_logits`, the same values), and a vocabulary that is a multiple of 64 already (the bound:
-no padding copies). Why: a bf16 row of 30,522 logits is 61,044 bytes, not a multiple of 16, and the
-H200's profile of the bare step ran a 2-element-aligned sm80 CUTLASS kernel (``..._align2``, 1.05 ms of a
-29.8 ms step at 32 x 512) beside the sm90 kernels of every other matmul. The report gives each variant's
-time and the padded one's largest differences from the plain one; the trainer pads only once this says
-it pays (docs/benchmarks.md).
+(``trainer.modeling.padded_linear``, what ``objective.vocab_multiple=64`` runs: the same values), and a
+vocabulary that is a multiple of 64 already (the bound: no padding copies). Why: a bf16 row of 30,522
+logits is 61,044 bytes, not a multiple of 16, and the H200's profile of the bare step ran a
+2-element-aligned sm80 CUTLASS kernel (``..._align2``, 1.05 ms of a 29.8 ms step at 32 x 512) beside the
+sm90 kernels of every other matmul. The report gives each variant's time and the padded one's largest
+differences from the plain one; the presets set ``objective.vocab_multiple`` only once this says it pays
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.distill_step import synchronize
 from trainer.config import MaskingConfig, ObjectiveConfig
+from trainer.modeling import padded_linear
 from trainer.objective.distiller import OUTPUT_LOSSES
 from trainer.objective.masking import max_masked
 
@@ -108,17 +110,6 @@ def time_variant(losses: dict[str, Any], x: dict[str, torch.Tensor], args: argpa
 VOCAB_MULTIPLE = 64  # what the padded decoder rounds its rows up to (16-byte rows need 8; tiles like 64)
 
 
-def decoder_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, multiple: int) -> torch.Tensor:
-    """``F.linear(hidden, weight, bias)``, computed with ``weight``'s rows (the vocabulary) padded with zeros to
-    a multiple of ``multiple`` and the padding's logits sliced off: the same values, from a matmul whose
-    output rows are aligned. Autograd slices the gradients back (``F.pad``'s backward)."""
-    pad = -weight.shape[0] % multiple
-    if pad == 0:
-        return F.linear(hidden, weight, bias)
-    logits = F.linear(hidden, F.pad(weight, (0, 0, 0, pad)), F.pad(bias, (0, pad)))
-    return logits[..., : weight.shape[0]]
-
-
 def time_decoder(x: dict[str, torch.Tensor], multiple: int | None, args: argparse.Namespace) -> dict[str, Any]:
     """Mean seconds of a step's decoder matmuls (the teacher's forward, the student's forward and backward)
     over ``args.steps`` after ``args.warmup``; ``multiple``: pad the vocabulary to it per call (None: as is).
@@ -128,7 +119,7 @@ def time_decoder(x: dict[str, torch.Tensor], multiple: int | None, args: argpars
     grad_logits = x["grad_logits"]
 
     def logits_of(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, weight, bias) if multiple is None else decoder_logits(hidden, weight, bias, multiple)
+        return F.linear(hidden, weight, bias) if multiple is None else padded_linear(hidden, weight, bias, multiple)
 
     for i in range(args.warmup + args.steps):
         if i == args.warmup:

@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import losses
@@ -35,25 +33,3 @@ def test_eager_and_compiled_losses_agree_on_a_steps_shapes(dtype: str, capsys: p
     assert min(decoder["as_is_ms"], decoder["padded_ms"], decoder["native_ms"]) > 0
     assert decoder["as_is_over_padded"] == pytest.approx(decoder["as_is_ms"] / decoder["padded_ms"])
     assert decoder["max_logit_difference"] < 1e-5 and decoder["max_grad_difference"] < 1e-5
-
-
-def test_the_padded_decoder_is_the_plain_one_forward_and_backward() -> None:
-    """decoder_logits pads the vocabulary rows for the matmul and slices the padding's logits off: float64, the
-    same logits and the same gradients for the hidden states, weight and bias; an aligned vocabulary is left."""
-    hidden, weight, bias = (
-        torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in [(5, 8), (30, 8), (30,)]
-    )
-    grad = torch.randn(5, 30, dtype=torch.float64)
-    plain = F.linear(hidden, weight, bias)
-    padded = losses.decoder_logits(hidden, weight, bias, multiple=64)
-    assert padded.shape == plain.shape and torch.allclose(padded, plain, rtol=0, atol=1e-12)
-    for ours, theirs in zip(
-        torch.autograd.grad(padded, (hidden, weight, bias), grad),
-        torch.autograd.grad(plain, (hidden, weight, bias), grad),
-        strict=True,
-    ):
-        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=0, atol=1e-12)
-    aligned = torch.randn(64, 8, dtype=torch.float64)
-    assert torch.equal(
-        losses.decoder_logits(hidden, aligned, torch.zeros(64, dtype=torch.float64), 64), hidden @ aligned.T
-    )

@@ -151,6 +151,9 @@ class ObjectiveConfig:
     mse: float = 0.0  # MSE between student and teacher logits
     temperature: float = 2.0
     ce_positions: Literal["masked", "all"] = "masked"
+    # The MLM decoders' matmuls computed with the vocabulary padded to a multiple of this (1: as the models have
+    # it); the same logits, from aligned rows (trainer.modeling.RowPaddedLinear). A speed setting, not a loss one.
+    vocab_multiple: int = 1
     # Intermediate-layer distillation (trainer/objective/layer_distillation.py), combinable with the terms above.
     # Each name in LAYER_METHODS is both a section below and the module trainer/objective/layer_methods/<name>.py
     # that implements it, so a new method is that module plus its section here; terms are summed in this order.
@@ -163,6 +166,7 @@ class ObjectiveConfig:
         for key in ("ce", "mlm", "cos", "mse"):
             require(getattr(self, key) >= 0, f"objective.{key}", "loss weights must be >= 0")
         require(self.temperature > 0, "objective.temperature", "must be > 0")
+        require(self.vocab_multiple >= 1, "objective.vocab_multiple", "must be >= 1 (1: the vocabulary as it is)")
 
 
 @dataclasses.dataclass

@@ -31,6 +31,7 @@ import logging
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -110,6 +111,46 @@ def attention_bias(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     The values are those Hugging Face builds, so the outputs are the same.
     """
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+
+
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed with ``weight``'s rows padded with zeros to a multiple of ``multiple``
+    and the padding's outputs sliced off: the same values, from a matmul whose output rows are aligned.
+    Autograd slices the gradients back (``F.pad``'s backward)."""
+    pad = -weight.shape[0] % multiple
+    if pad == 0:
+        return F.linear(x, weight, bias)
+    padded_bias = None if bias is None else F.pad(bias, (0, pad))
+    return F.linear(x, F.pad(weight, (0, 0, 0, pad)), padded_bias)[..., : weight.shape[0]]
+
+
+class RowPaddedLinear(nn.Linear):
+    """An MLM decoder whose matmul runs with its vocabulary rows padded to a multiple of ``multiple``.
+
+    Why: a bf16 row of BERT's 30,522 logits is 61,044 bytes, not a multiple of 16, and a GPU's tensor-core
+    matmul kernels want 16-byte-aligned rows; the H200's profile ran a step's decoder matmuls in a
+    2-element-aligned Ampere kernel beside the Hopper kernels of every other matmul (docs/benchmarks.md).
+    Padding the model's vocabulary itself would make the exported student a 30,528-token BERT that its
+    tokenizer does not match; padding at each call costs copies of the weight and the logits' gradient
+    instead (``benchmarks/losses.py`` times both ways). It holds the decoder's own parameters, so tied
+    weights stay tied and parameter names, checkpoints and export are unchanged.
+    """
+
+    def __init__(self, linear: nn.Linear, multiple: int) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate new parameters
+        self.in_features, self.out_features, self.multiple = linear.in_features, linear.out_features, multiple
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return padded_linear(x, self.weight, self.bias, self.multiple)
+
+
+def pad_decoder_rows(model: PreTrainedModel, multiple: int) -> None:
+    """In place: ``model``'s MLM decoder (its output embeddings) becomes a :class:`RowPaddedLinear` over the
+    same parameters. A model without one (a headless teacher) is left as it is."""
+    decoder = model.get_output_embeddings()
+    if isinstance(decoder, nn.Linear) and not isinstance(decoder, RowPaddedLinear):
+        model.set_output_embeddings(RowPaddedLinear(decoder, multiple))
 
 
 def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from common.config import ConfigError, load_config
 from trainer.commands.plan import step_flops_per_token
 from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TinyBertConfig, TrainConfig
-from trainer.modeling import build_student, load_teacher, load_teacher_config
+from trainer.modeling import RowPaddedLinear, build_student, load_teacher, load_teacher_config, padded_linear
 from trainer.objective.distiller import OUTPUT_LOSSES, Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
 
@@ -224,8 +224,12 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
 
 @pytest.mark.parametrize(
     "objective",
-    [ObjectiveConfig(), ObjectiveConfig(ce=0.0, tinybert=TinyBertConfig(embedding=1.0, hidden=1.0, attention=1.0))],
-    ids=["distilbert", "tinybert-layer-hooks"],
+    [
+        ObjectiveConfig(),
+        ObjectiveConfig(ce=0.0, tinybert=TinyBertConfig(embedding=1.0, hidden=1.0, attention=1.0)),
+        ObjectiveConfig(vocab_multiple=64),
+    ],
+    ids=["distilbert", "tinybert-layer-hooks", "distilbert-padded-vocab"],
 )
 def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
     tiny_teacher_dir: Path, batch, objective: ObjectiveConfig
@@ -299,3 +303,48 @@ def test_the_naive_reference_step_computes_the_projects_losses(student, teacher,
     # the vocabulary, computed in another order (softmax vs log-softmax target): hence an absolute tolerance.
     for name in ("ce", "mlm", "cos"):
         assert logged[name] == pytest.approx(float(out[name].detach()), rel=1e-4, abs=1e-6), name
+
+
+def test_a_padded_linear_is_the_plain_one_forward_and_backward() -> None:
+    """``padded_linear`` pads the weight's rows for the matmul and slices the padding's outputs off: in float64 the
+    same outputs and the same gradients for the input, weight and bias; rows already aligned are left as they are."""
+    x, weight, bias = (
+        torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in [(5, 8), (30, 8), (30,)]
+    )
+    grad = torch.randn(5, 30, dtype=torch.float64)
+    plain, padded = F.linear(x, weight, bias), padded_linear(x, weight, bias, multiple=64)
+    assert padded.shape == plain.shape and torch.allclose(padded, plain, rtol=0, atol=1e-12)
+    ours = torch.autograd.grad(padded, (x, weight, bias), grad)
+    theirs = torch.autograd.grad(plain, (x, weight, bias), grad)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+    aligned = torch.randn(64, 8, dtype=torch.float64)
+    assert torch.equal(padded_linear(x, aligned, None, 64), F.linear(x, aligned))
+
+
+def test_objective_vocab_multiple_pads_both_decoders_and_changes_no_number(tiny_teacher_dir: Path, batch) -> None:
+    """``objective.vocab_multiple=64``: the student's and the teacher's decoders compute their 30,522 logits from
+    30,528 rows, with the plain step's losses and gradients, over the same (still tied) parameters, so that
+    parameter names, checkpoints and the exported student are unchanged."""
+    teacher = load_teacher(str(tiny_teacher_dir), torch.float32)
+    torch.manual_seed(0)
+    student = build_student(StudentConfig(), teacher).eval()
+    plain = Distiller(copy.deepcopy(student), copy.deepcopy(teacher), ObjectiveConfig())
+    padded = Distiller(copy.deepcopy(student), copy.deepcopy(teacher), ObjectiveConfig(vocab_multiple=64))
+    for model in (padded.student, padded.teacher):
+        decoder = model.get_output_embeddings()
+        assert isinstance(decoder, RowPaddedLinear) and decoder.multiple == 64 and decoder.out_features == 30522
+        assert decoder.weight is model.get_input_embeddings().weight  # tied as before
+    assert not isinstance(plain.student.get_output_embeddings(), RowPaddedLinear)
+    expected, out = plain(*batch), padded(*batch)
+    expected["loss"].backward()
+    out["loss"].backward()
+    for name, value in expected.items():
+        assert out[name].item() == pytest.approx(value.item(), rel=1e-6, abs=1e-7), name
+    for (name, p), q in zip(plain.named_parameters(), padded.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7), name
+    assert list(padded.state_dict()) == list(plain.state_dict())
+    assert [name for name, _ in padded.named_parameters()] == [name for name, _ in plain.named_parameters()]
+
+    with pytest.raises(ConfigError, match=r"objective\.vocab_multiple"):
+        ObjectiveConfig(vocab_multiple=0).validate()

@@ -59,6 +59,7 @@ TEST_SETTINGS = [
 ]
 LOSS_KEYS = ("train/loss", "train/ce", "train/mlm", "train/cos")
 RUN_TIMEOUT = 300
+ZERO3 = "deepspeed.config=configs/deepspeed/zero3.json"
 
 
 def start(
@@ -111,7 +112,7 @@ def zero3_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) 
     """Also profiles steps 3 and 4 (the profiler changes no number: its losses are the reference run's)."""
     out = tmp_path_factory.mktemp("zero3") / "run"
     profile = ("profile.steps=2", "profile.start_step=3", "profile.trace=true")
-    return run(tiny_teacher_dir, tiny_dataset_dir, out, "deepspeed.config=configs/deepspeed/zero3.json", *profile)
+    return run(tiny_teacher_dir, tiny_dataset_dir, out, ZERO3, *profile)
 
 
 def check_finished_run(output_dir: Path) -> None:
@@ -183,6 +184,20 @@ def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run:
     zero2, zero3 = train_losses(reference_run), train_losses(zero3_run)
     for step in zero2:
         assert zero3[step]["train/loss"] == pytest.approx(zero2[step]["train/loss"], rel=1e-4)
+
+
+def test_a_padded_vocabulary_trains_like_the_plain_one_under_zero3_and_exports_a_plain_student(
+    zero3_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
+) -> None:
+    """``objective.vocab_multiple=64`` through the real engine, with ZeRO-3 partitioning the decoder's (tied)
+    weight: the plain ZeRO-3 run's losses, and a student exported with the tokenizer's 30,522 rows."""
+    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", ZERO3, "objective.vocab_multiple=64")
+    check_finished_run(out)
+    check_student(out / "student")
+    plain, padded = train_losses(zero3_run), train_losses(out)
+    for step in plain:
+        assert padded[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5), step
+    assert load_file(out / "student" / "model.safetensors")["bert.embeddings.word_embeddings.weight"].shape[0] == 30522
 
 
 def test_profiled_steps_say_where_each_ranks_time_went(zero3_run: Path) -> None:

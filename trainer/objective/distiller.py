@@ -32,7 +32,15 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from common.config import require
 from trainer.config import ObjectiveConfig, TrainConfig
-from trainer.modeling import attention_bias, base_config, check_student, has_mlm_head, mlm_head, student_config
+from trainer.modeling import (
+    attention_bias,
+    base_config,
+    check_student,
+    has_mlm_head,
+    mlm_head,
+    pad_decoder_rows,
+    student_config,
+)
 from trainer.objective.capture import capture, encoder_parts
 from trainer.objective.layer_distillation import LayerDistillation, method_class
 from trainer.objective.losses import cosine_loss, kl_distillation_loss, logit_mse_loss, masked_lm_loss
@@ -132,6 +140,10 @@ class Distiller(nn.Module):
         self.capture_specs = self.layer_distillation.capture_specs()
         self.weights = {**active_weights(objective), **self.layer_distillation.weights}
         self.losses = dict(OUTPUT_LOSSES)
+        if objective.vocab_multiple > 1:  # in place, as compile_models: before the engine and any compile
+            for model in (student, teacher):
+                if model is not None:
+                    pad_decoder_rows(model, objective.vocab_multiple)
 
     @property
     def teacher(self) -> PreTrainedModel | None:
