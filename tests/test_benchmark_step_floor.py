@@ -23,6 +23,7 @@ from common.config import load_config
 from trainer.commands.plan import step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.objective.masking import max_masked
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = 2  # bytes
@@ -56,15 +57,24 @@ def test_the_optimizer_is_a_cast_the_fused_update_and_the_copy_back() -> None:
 def test_the_counted_step_does_the_model_flops_plan_counts_with_dropout_and_attention_as_on_a_gpu() -> None:
     """DistilBERT's step at bert-base size, counted on the meta device in seconds: its matmuls and attention are
     exactly ``plan``'s model FLOPs (the figure MFU is computed from), and its dropout and attention are the
-    GPU's single kernels, not the CPU's decompositions."""
+    GPU's single kernels, not the CPU's decompositions. With the preset's padded decoder
+    (``objective.vocab_multiple: 64``) the count is the kernels' work: the model's FLOPs and the padding rows'."""
     overrides = ["teacher=configs/teachers/bert-base-uncased", "micro_batch_size=2", "data=unused"]
-    cfg = load_config(TrainConfig, REPO / "configs" / "distilbert-base.yaml", overrides)
+    preset = REPO / "configs" / "distilbert-base.yaml"
+    cfg = load_config(TrainConfig, preset, [*overrides, "objective.vocab_multiple=1"])
     cfg.masking.frequency_smoothing = None  # no dataset to read token counts from; the ops are the same
     ops = count_step(cfg, seq_len=64)
     teacher = load_teacher_config(cfg.teacher)
     student = student_config(cfg.student, base_config(cfg.student, teacher))
     model = step_flops_per_token(cfg.objective, teacher, student, cfg.masking.probability, 64)["total"] * 2 * 64
     assert sum(op.flops for op in ops) == pytest.approx(model, rel=1e-12)
+    padded = load_config(TrainConfig, preset, overrides)
+    padded.masking.frequency_smoothing = None
+    assert padded.objective.vocab_multiple == 64
+    # 6 rows more (30,528 for 30,522) in the decoder's 4 matmuls (teacher forward, student forward, dX, dW)
+    # at the micro-batch's masked positions
+    extra = 4 * 2 * (2 * max_masked(cfg.masking.probability, 64)) * teacher.hidden_size * 6
+    assert sum(op.flops for op in count_step(padded, seq_len=64)) - model == pytest.approx(extra, rel=1e-9)
     names = [op.name for op in ops]
     # 12 teacher layers and 6 student layers forward, the student's 6 backward
     assert names.count("aten::_scaled_dot_product_flash_attention") == 18

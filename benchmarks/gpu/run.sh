@@ -37,11 +37,13 @@ fi
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 # A later session starts on a bare machine: GPU_CAMPAIGN_FROM names the files an earlier session returned
-# (committed or carried), and the session continues from them instead of measuring it all again.
+# (committed or carried), and the session continues from them instead of measuring it all again, but for
+# GPU_CAMPAIGN_AGAIN: the names of results to measure again (recorded before a change to what they measure).
+PY=${PYTHON:-python3}
 if [ "$MODE" = session ] && [ -n "${GPU_CAMPAIGN_FROM:-}" ] && [ ! -e "$RESULTS/throughput.json" ]; then
     cp "$GPU_CAMPAIGN_FROM"/{versions.txt,tests.log,tests.xml,throughput.json,throughput.log} "$RESULTS"/ 2>/dev/null
+    [ -z "${GPU_CAMPAIGN_AGAIN:-}" ] || "$PY" benchmarks/gpu/train_throughput.py "$RESULTS" --forget "$GPU_CAMPAIGN_AGAIN"
 fi
-PY=${PYTHON:-python3}
 INPUTS=${GPU_CAMPAIGN_INPUTS:-.gpu}  # what `make gpu-wheels gpu-data` wrote (the CPU dry run: its own)
 
 # Carried wheels, without an index, into /tmp/site. SKIP_WHEELS=1 where the packages are importable already
@@ -114,7 +116,7 @@ case $MODE in
         throughput cases,steps
         ;;
     session)
-        throughput steps --only project,naive,tinybert-memory,sdpa
+        throughput steps --only project,project-unpadded,naive,tinybert-memory,sdpa
         report
         throughput cases --only headline
         report
