@@ -43,6 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.distill_step import synchronize
+from benchmarks.sdpa_backends import timed_ms
 from trainer.config import MaskingConfig, ObjectiveConfig
 from trainer.modeling import padded_linear
 from trainer.objective.distiller import OUTPUT_LOSSES
@@ -114,26 +115,23 @@ def time_decoder(x: dict[str, torch.Tensor], multiple: int | None, args: argpars
     """Mean seconds of a step's decoder matmuls (the teacher's forward, the student's forward and backward)
     over ``args.steps`` after ``args.warmup``; ``multiple``: pad the vocabulary to it per call (None: as is).
     Returns the student's logits and gradients too, for the comparison."""
-    device = x["weight"].device
     student = {name: x[name].clone().requires_grad_() for name in ("hidden", "weight", "bias")}
-    grad_logits = x["grad_logits"]
+    last: dict[str, Any] = {}
 
     def logits_of(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, weight, bias) if multiple is None else padded_linear(hidden, weight, bias, multiple)
 
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
-            synchronize(device)
-            start = time.perf_counter()
+    def step() -> None:
         with torch.no_grad():
             logits_of(x["teacher_hidden"], x["teacher_weight"], x["bias"])
-        logits = logits_of(student["hidden"], student["weight"], student["bias"])
-        grads = torch.autograd.grad(logits, list(student.values()), grad_logits)
-    synchronize(device)
+        last["logits"] = logits_of(student["hidden"], student["weight"], student["bias"])
+        last["grads"] = torch.autograd.grad(last["logits"], list(student.values()), x["grad_logits"])
+
+    ms = timed_ms(step, x["weight"].device.type, warmup=args.warmup, repeat=args.steps)
     return {
-        "seconds": (time.perf_counter() - start) / args.steps,
-        "logits": logits.detach().float(),
-        "grads": [g.float() for g in grads],
+        "seconds": ms / 1e3,
+        "logits": last["logits"].detach().float(),
+        "grads": [g.float() for g in last["grads"]],
     }
 
 
