@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -63,7 +64,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from benchmarks.compiled_floor import compiled_report, inductor_counts, kernel_costs
 from benchmarks.host_reads import PhasedReads, issuer
 from benchmarks.naive_step import NaiveStep
-from benchmarks.step_floor import floor_markdown, measured_ceilings, measured_matmul_peak, step_floor
+from benchmarks.step_floor import floor_markdown, measured_ceilings, step_floor
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
@@ -316,12 +317,13 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     host_sync = host_syncs(device, lambda: forward_backward(0))
     max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    ceilings = functools.cache(lambda: measured_ceilings(device, dtype))  # measured once, where first needed
     if args.peak_tflops is not None:
         peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
     elif device.type == "cuda" and gpu_peak(torch.cuda.get_device_name(device)) is not None:
         peak, peak_source = gpu_peak(torch.cuda.get_device_name(device)), "datasheet dense bf16"
     else:
-        peak, peak_source = measured_matmul_peak(device, dtype), f"measured {dtype} matmul"
+        peak, peak_source = ceilings()[0], f"measured {dtype} matmul"
     flops = step_flops_per_token(cfg.objective, teacher.config, student.config, cfg.masking.probability, args.seq_len)[
         "total"
     ]
@@ -337,15 +339,15 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         step_flops = flops * cfg.micro_batch_size * args.seq_len
 
         def counted() -> dict[str, Any]:
-            kernels, ceilings = kernel_costs(compiled_kernels), measured_ceilings(device, dtype)
+            kernels = kernel_costs(compiled_kernels)
             parameters, weight_bytes = sum(p.numel() for p in trainable), trainable[0].element_size()
-            report = compiled_report(kernels, parameters, step_flops, *ceilings, peak, weight_bytes)
+            report = compiled_report(kernels, parameters, step_flops, *ceilings(), peak, weight_bytes)
             return {**report, "measured_step_ms": seconds / args.steps * 1e3}
 
         floor = secondary(counted)
     elif args.floor:  # the profile's time per category beside its floor, where this run profiled
         measured = profiled["categories_ms_per_step"] if profiled and "error" not in profiled else None
-        floor = secondary(lambda: step_floor(cfg, args.seq_len, *measured_ceilings(device, dtype), peak, measured))
+        floor = secondary(lambda: step_floor(cfg, args.seq_len, *ceilings(), peak, measured))
     memory = None
     if args.memory:  # after every other measurement: the tracking slows its one step
         teacher_tensors = [*distiller.teacher.parameters(), *distiller.teacher.buffers()]

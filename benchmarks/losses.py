@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.distill_step import synchronize
 from benchmarks.sdpa_backends import timed_ms
 from trainer.config import MaskingConfig, ObjectiveConfig
 from trainer.modeling import padded_linear
@@ -91,18 +89,18 @@ def time_variant(losses: dict[str, Any], x: dict[str, torch.Tensor], args: argpa
     }
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
-            synchronize(device)
-            start = time.perf_counter()
+    last: dict[str, torch.Tensor] = {}
+
+    def step() -> None:
         for tensor in student.values():
             tensor.grad = None
-        loss = weighted_loss(losses, x, student)
-        loss.backward()
-    synchronize(device)
+        last["loss"] = weighted_loss(losses, x, student)
+        last["loss"].backward()
+
+    ms = timed_ms(step, str(device), args.warmup, args.steps)
     return {
-        "seconds": (time.perf_counter() - start) / args.steps,
-        "loss": loss.item(),
+        "seconds": ms / 1e3,
+        "loss": last["loss"].item(),
         "grads": {name: tensor.grad.float() for name, tensor in student.items()},
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }

@@ -306,17 +306,35 @@ def step_floor(
 
 
 # ------------------------------------------------------------------------------- the device's ceilings
-def measured_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a large square matmul in ``dtype`` on random data: the practical ceiling of this device."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    a @ b  # warm-up
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    synchronize(device)
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
+def measured_matmul_peak(
+    device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (512, 1024, 2048), seconds: float = 0.5
+) -> float:
+    """FLOP/s of square matmuls in ``dtype`` on random data, the best over ``sizes`` and over the two layouts a
+    step's matmuls take (``x @ W.T``, ``nn.Linear``'s forward; ``x @ W``, its input gradient): the practical
+    ceiling of this device. Each size runs for about ``seconds``; a size whose one call takes longer ends that
+    layout's growth. Both matter on a CPU without bfloat16 units, where one layout's bf16 rate falls with
+    the size and the other's does not (docs/benchmarks.md, "CPU ceilings")."""
+    best = 0.0
+    for transposed in (True, False):
+        for size in sizes:
+            a = torch.randn(size, size, device=device, dtype=dtype)
+            b = torch.randn(size, size, device=device, dtype=dtype)
+            b = b.t() if transposed else b
+            synchronize(device)
+            start = time.perf_counter()
+            a @ b  # warm-up, and the estimate of one call's time
+            synchronize(device)
+            once = time.perf_counter() - start
+            best = max(best, 2 * size**3 / once)
+            if once > seconds:
+                break
+            repeats = max(1, min(1000, int(seconds / once)))
+            start = time.perf_counter()
+            for _ in range(repeats):
+                a @ b
+            synchronize(device)
+            best = max(best, 2 * size**3 * repeats / (time.perf_counter() - start))
+    return best
 
 
 def measured_bandwidth(device: torch.device, nbytes: int = 2**30, repeats: int = 10) -> float:
@@ -336,7 +354,7 @@ def measured_ceilings(device: torch.device, dtype: torch.dtype) -> tuple[float, 
     """(matmul FLOP/s, bandwidth bytes/s) measured here: an 8192-wide matmul and a 1 GiB copy on a GPU, smaller
     on a CPU."""
     if device.type == "cuda":
-        return measured_matmul_peak(device, dtype, size=8192), measured_bandwidth(device)
+        return measured_matmul_peak(device, dtype, sizes=(8192,)), measured_bandwidth(device)
     return measured_matmul_peak(device, dtype), measured_bandwidth(device, nbytes=2**28, repeats=3)
 
 

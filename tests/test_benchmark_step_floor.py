@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from benchmarks.step_floor import (
     count_step,
     floor_markdown,
     floor_report,
+    measured_matmul_peak,
     measured_profile,
     optimizer_costs,
 )
@@ -27,6 +29,33 @@ from trainer.objective.masking import max_masked
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = 2  # bytes
+
+
+class MatmulLayouts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each matmul's size and whether its second operand is a transposed view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, bool]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.mm.default:
+            self.calls.append((args[0].shape[0], not args[1].is_contiguous()))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_matmul_ceiling_tries_both_layouts_and_stops_growing_at_a_slow_call() -> None:
+    # A slow call (any, at seconds=0) ends its layout's growth after one call: the cost stays bounded where a
+    # CPU runs one layout's bf16 matmuls at 0.3 GFLOP/s (docs/benchmarks.md, "CPU ceilings").
+    with MatmulLayouts() as layouts:
+        rate = measured_matmul_peak(torch.device("cpu"), torch.float32, sizes=(64, 128), seconds=0.0)
+    assert rate > 0 and layouts.calls == [(64, True), (64, False)]
+    # Within the time, every size in both layouts, each repeated: Linear's forward layout (x @ W.T) first.
+    with MatmulLayouts() as layouts:
+        measured_matmul_peak(torch.device("cpu"), torch.float32, sizes=(8, 16), seconds=60.0)
+    for transposed in (True, False):
+        sizes = [size for size, t in layouts.calls if t is transposed]
+        assert sizes.count(8) > 1 and sizes.count(16) > 1 and sizes.index(16) > sizes.index(8)
 
 
 def test_each_op_is_charged_what_it_reads_and_writes_and_a_matmul_its_flops() -> None:

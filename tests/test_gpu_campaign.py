@@ -76,11 +76,13 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         "THROUGHPUT_ARGS": f"--quick --work {tmp_path / 'work'}",
     }
 
-    # A budget far short of the whole campaign: the bare step and the naive one come first, then the headline
-    # case; what the deadline leaves out is named, not lost.
+    # A budget far short of the whole campaign: the bare step, its unpadded twin and the naive one come first,
+    # then the headline case; what the deadline leaves out is named, not lost. How many fit depends on the CPU
+    # (a bf16 step takes 30 s where the CPU lacks bfloat16 units): at least the first, and none out of order.
     first = session(tmp_path / "out-1", env, budget_s=100)
     measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
-    assert measured[:3] == ["project", "project-unpadded", "naive"]
+    fitted = min(3, len(measured))
+    assert fitted >= 1 and measured[:fitted] == ["project", "project-unpadded", "naive"][:fitted], measured
     # the pieces in their order: the compiled bare step and the output layer's timings before every other case and step
     log = (tmp_path / "out-1" / "throughput.log").read_text()
     pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===$", log, re.MULTILINE)
