@@ -320,9 +320,10 @@ def measured_matmul_peak(
             a = torch.randn(size, size, device=device, dtype=dtype)
             b = torch.randn(size, size, device=device, dtype=dtype)
             b = b.t() if transposed else b
+            a @ b  # warm-up: a GPU's first call also pays the library's set-up
             synchronize(device)
             start = time.perf_counter()
-            a @ b  # warm-up, and the estimate of one call's time
+            a @ b  # one call's time, which sets the repeats
             synchronize(device)
             once = time.perf_counter() - start
             best = max(best, 2 * size**3 / once)
