@@ -1,7 +1,8 @@
 """The quality ablation (benchmarks/quality/ablation.sh) end to end at toy size: the real Beam pipeline on a
-slice of a corpus, the teacher pretrained by the deepspeed launcher on two CPU ranks, every student
-variant distilled from it and from the real all-MiniLM-L6-v2, evaluate-mlm and evaluate-suite on all of
-them, and the report. It checks that every row and column is there, not which way the results go.
+slice of a corpus, the teacher pretrained by the deepspeed launcher (on one CPU rank, as the gpu scale runs on
+one GPU), every student variant distilled from it and from the real all-MiniLM-L6-v2, evaluate-mlm and
+evaluate-suite on all of them, and the report. It checks that every row and column is there, not which way the
+results go.
 
 It runs the way the offline GPU machine will (docs/quality.md, "The gpu scale on the offline GPU machine"),
 so one run covers both: benchmarks/quality/gpu_prepare.sh makes step 1's dataset with Beam and packs it

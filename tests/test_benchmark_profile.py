@@ -59,4 +59,7 @@ def test_a_profiled_step_accounts_for_its_matmuls_and_softmax_without_counting_t
     top = {name: calls for name, _, calls in profile["top_ops"]}
     assert top.get("aten::addmm") == 1  # one forward matmul per step: calls are counted per step
     table = profile_markdown(profile)
-    assert "| matmul |" in table and "`aten::addmm`" in table
+    assert all(f"| {category} | " in table for category in categories)
+    # the ten costliest ops, whichever they are: the matmul (0.4-0.8 ms a step here) ranks among AdamW's
+    # elementwise ops by noise, and a loaded machine once pushed it out of the ten
+    assert all(f"| `{name}` | " in table for name, _, _ in profile["top_ops"][:10])

@@ -56,7 +56,7 @@ case "$SCALE" in
         DOCS=20
         VALID=0.2  # of 40 documents: a held-out split to score on
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
-        RANKS=2
+        RANKS=1  # as the gpu scale it rehearses; a second rank would cost every run a process start, not a check
         # jobs, lrs: the gpu scale's fine-tunes at once in worker processes, and its two rates, rehearsed
         SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2 lrs='[1e-4,5e-4]')
         PROBE=(method=probe tasks='[debian-section]' train_size=64 valid_size=32)
