@@ -114,3 +114,25 @@ def test_no_test_folder_is_named_like_a_package_it_could_hide() -> None:
     folders = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     importable = set(packages_distributions()) | set(sys.stdlib_module_names)
     assert folders & importable - set(PACKAGES) == set()
+
+
+def test_the_commands_that_build_no_engine_import_no_deepspeed() -> None:
+    """Evaluation and fine-tuning run a model on one device: DeepSpeed's import (2-3 s, mlflow's included) is
+    paid only by training, `plan` (ZeRO's config) and `export` (ZeRO's checkpoints). The ablation runs these
+    commands dozens of times; a type imported for a hint once put DeepSpeed back into each of them."""
+    commands = ["evaluate_mlm", "evaluate_suite", "finetune", "probe", "task_distill"]
+    code = (
+        "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))\n"
+    )
+    env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *[f"trainer.commands.{c}" for c in commands]],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout[-2000:]
