@@ -1,14 +1,15 @@
 """Checks that run before any Beam work: every mistake here is a one-line error naming the key.
 
 It resolves the input globs (an input matching no file, or a file of unknown format, is an
-error), loads the tokenizer once, and proves the output is writable and not already a
-complete dataset (unless ``overwrite=true``).
+error), loads the tokenizer once, and proves the output is writable, not already a complete
+dataset (unless ``overwrite=true``), and holds nothing of the user's where a run clears it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common.config import ConfigError
 from common.tokenizer import describe_tokenizer
 from preprocessing.config import PreprocessConfig
-from preprocessing.manifest import MANIFEST, WORK_DIR
+from preprocessing.manifest import MANIFEST, SPLITS, TOKEN_COUNTS, WORK_DIR
 from preprocessing.packing import tokenizer_dtype
 from preprocessing.readers import detect_format
 
@@ -92,6 +93,32 @@ def check_output(output: str, overwrite: bool) -> None:
         raise ConfigError(f"output: cannot write to {output!r}: {err}") from None
 
 
+# What a run writes in its split folders: shards, and a shard's temporary while it is written (shards.write_atomic).
+OWN_SPLIT_FILE = re.compile(r"shard-\d{6}\.tar(\.tmp-[0-9a-f]{32})?")
+
+
+def check_nothing_to_lose(output: str, files: list[str]) -> None:
+    """Every run first clears what an earlier one left (``clear_previous``): the manifest, the token counts, the
+    split folders and the work folder. Refuse, before that, where it would delete an input or a file this tool
+    did not write: ``input=[data/train/*.jsonl] output=data`` would otherwise delete the corpus it was to read."""
+    cleared = [FileSystems.join(output, name) for name in (MANIFEST, TOKEN_COUNTS, *SPLITS, WORK_DIR)]
+    for path in files:
+        if any(path == c or path.startswith(c.rstrip("/") + "/") for c in cleared):
+            raise ConfigError(
+                f"input: {path!r} lies in {output!r}, where each run first deletes {', '.join(SPLITS)}, "
+                f"{WORK_DIR} and the manifest: move it, or choose another output"
+            )
+    for split in SPLITS:
+        folder = FileSystems.join(output, split)
+        foreign = [m.path for m in FileSystems.match([folder + "/**"])[0].metadata_list]
+        foreign = [path for path in foreign if not OWN_SPLIT_FILE.fullmatch(path[len(folder) :].lstrip("/"))]
+        if foreign:
+            raise ConfigError(
+                f"output: {folder!r} holds {len(foreign)} file(s) this tool did not write (first: {foreign[0]!r}), "
+                "which the run would delete: move them, or choose another output"
+            )
+
+
 def check_beam_options(options: dict[str, Any]) -> None:
     known = PipelineOptions([]).get_all_options()
     for key in options:
@@ -111,6 +138,7 @@ def preflight(cfg: PreprocessConfig) -> tuple[RunPlan, str]:
         raise ConfigError(f"tokenizer: {cfg.tokenizer!r} defines no {', '.join(missing)} token")
     output = absolute(cfg.output)
     check_output(output, cfg.overwrite)
+    check_nothing_to_lose(output, files)
     plan = RunPlan(
         files=files,
         input_bytes=input_bytes,

@@ -67,6 +67,23 @@ def test_a_complete_dataset_is_not_overwritten(capsys, good_args, tiny_dataset_d
     assert {p: p.stat().st_mtime_ns for p in tiny_dataset_dir.rglob("*")} == before
 
 
+@pytest.mark.parametrize("where", ["input", "foreign"])
+def test_a_run_deletes_nothing_it_did_not_write(capsys, good_args, sample_corpus, tmp_path, where):
+    """Each run first clears an earlier run's split folders; an input there, or a file of the user's, is an error
+    before anything is deleted (``input=[data/train/*.jsonl] output=data`` once deleted its own corpus)."""
+    output = tmp_path / "out"
+    kept = output / ("train" if where == "input" else "valid") / f"notes{''.join(Path(sample_corpus).suffixes)}"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(Path(sample_corpus).read_bytes())
+    args = {**good_args, "output": str(output), "overwrite": "true"}
+    if where == "input":
+        args["input"] = f"[{kept}]"
+        assert f"input: '{kept}' lies in '{output}', where each run first deletes" in cli_error(capsys, args)
+    else:
+        assert f"output: '{output / 'valid'}' holds 1 file(s) this tool did not write" in cli_error(capsys, args)
+    assert kept.read_bytes() == Path(sample_corpus).read_bytes()
+
+
 def test_the_command_line_prints_no_traceback(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(

@@ -138,11 +138,13 @@ def test_manifest_counts_equal_the_tars(tiny_dataset_dir):
 def one_worker_dir(tmp_path_factory, tiny_dataset_dir, bert_tokenizer_dir, sample_corpus):
     """The tiny dataset rebuilt over a copy of itself with one worker and overwrite=true.
 
-    A stale shard is planted first: overwriting must remove what the new dataset does not list.
+    A stale shard and a killed run's half-written one are planted first: overwriting must remove what the new
+    dataset does not list (and preflight must take both for the tool's own files).
     """
     dataset = tmp_path_factory.mktemp("one-worker") / "dataset"
     shutil.copytree(tiny_dataset_dir, dataset)
     (dataset / "train" / "shard-000099.tar").write_bytes(b"stale")
+    (dataset / "valid" / f"shard-000098.tar.tmp-{'0' * 32}").write_bytes(b"half")
     return build_dataset(
         dataset,
         bert_tokenizer_dir,
@@ -166,6 +168,7 @@ def test_worker_count_does_not_change_a_byte(tiny_dataset_dir, one_worker_dir):
 
 def test_overwrite_removes_what_the_new_dataset_does_not_list(one_worker_dir):
     assert not (one_worker_dir / "train" / "shard-000099.tar").exists()
+    assert not list((one_worker_dir / "valid").glob("*.tmp-*"))
     assert not (one_worker_dir / ".work").exists()
 
 
