@@ -13,6 +13,7 @@ L_mlm alone (:meth:`TrainConfig.validate_without_teacher`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import ClassVar, Literal
 
@@ -217,7 +218,10 @@ class OptimizerConfig:
     grad_clip: float = 5.0
 
     def validate(self) -> None:
-        require(self.lr > 0, "optimizer.lr", "must be > 0")
+        require(math.isfinite(self.lr) and self.lr > 0, "optimizer.lr", "must be a finite number > 0")
+        require(math.isfinite(self.eps) and self.eps > 0, "optimizer.eps", "must be a finite number > 0")
+        # AdamW checks only its constructor's decay, not the per-group value the groups carry: a negative one trained.
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
         require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas", "two in [0,1)")
         require(0 <= self.warmup_fraction < 1, "optimizer.warmup_fraction", "must be in [0, 1)")
         require(self.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
@@ -326,6 +330,9 @@ class TrainConfig:
             "trains the student's hidden states, which student.trainable=head freezes; set it to 0",
         )
         require(self.max_steps >= 0, "max_steps", "must be >= 0")
+        require(
+            self.seed >= 0, "seed", "must be >= 0"
+        )  # numpy's SeedSequence, which seeds the data and masks, refuses the rest
         last_profiled = self.profile.start_step + self.profile.steps - 1
         require(
             self.profile.steps == 0 or last_profiled <= self.max_steps,

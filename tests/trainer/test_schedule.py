@@ -1,12 +1,16 @@
-"""The LR schedule: 5% linear warmup to the peak, then linear decay, stepped like DeepSpeed does."""
+"""The LR schedule: 5% linear warmup to the peak, then linear decay, stepped as DeepSpeed does; its ranges."""
 
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from common.config import ConfigError, load_config
+from trainer.config import TrainConfig
 from trainer.runtime.optim import build_scheduler, follow_schedule, lr_factor, warmup_steps
 
 
@@ -26,6 +30,21 @@ def test_warmup_then_linear_decay() -> None:
 def test_no_warmup_starts_at_peak() -> None:
     assert lr_factor(0, 10, 0) == 1.0
     assert lr_factor(9, 10, 0) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("max_steps", "fraction"), [(3, 0.9), (10, 0.95), (2, 0.75), (1, 0.0)])
+def test_a_warmup_as_long_as_the_run_ends_at_zero_without_dividing_by_zero(max_steps: int, fraction: float) -> None:
+    """DeepSpeed steps the scheduler after the last update too: the factor past the end is 0, whatever the warmup."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=1.0)
+    scheduler = build_scheduler(optimizer, max_steps=max_steps, warmup_fraction=fraction)
+    lrs = []
+    for _ in range(max_steps):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert all(lr > 0 for lr in lrs) and max(lrs) == pytest.approx(1.0)
+    assert scheduler.get_last_lr()[0] == 0.0
 
 
 def test_scheduler_drives_optimizer_lr_and_survives_state_dict_round_trip() -> None:
@@ -79,3 +98,19 @@ def test_follow_schedule_changes_nothing_for_an_unchanged_relaunch() -> None:
         scheduler.step()
     before = optimizer.param_groups[0]["lr"]
     assert follow_schedule(scheduler, peak_lr=5e-4) == pytest.approx((before, before))
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optimizer.lr=.inf", "optimizer.lr"),
+        ("optimizer.eps=-1e-8", "optimizer.eps"),
+        ("optimizer.weight_decay=-0.01", "optimizer.weight_decay"),
+        ("seed=-1", "seed"),
+    ],
+)
+def test_out_of_range_optimizer_settings_and_seed_are_config_errors(override: str, key: str) -> None:
+    """Each once passed validation: a negative decay trained silently, the others failed after the teacher loaded."""
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+    with pytest.raises(ConfigError, match=f"^{re.escape(key)}: "):
+        load_config(TrainConfig, tiny, ["data=d", "output_dir=o", override])

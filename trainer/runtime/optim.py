@@ -31,8 +31,12 @@ def lr_factor(step: int, max_steps: int, warmup: int) -> float:
     """Multiplier of the peak lr for optimizer step ``step`` (0-based).
 
     Warmup reaches the peak on its last step, decay ends one step short of zero, so no
-    update is ever wasted on a zero learning rate.
+    update is ever wasted on a zero learning rate. Past the last step (where DeepSpeed steps the
+    scheduler once more after the final update) the factor is 0: with a warmup that rounds to the
+    whole run (``max_steps=10, warmup_fraction=0.95``) there is no decay left to divide by.
     """
+    if step >= max_steps:
+        return 0.0
     if step < warmup:
         return (step + 1) / warmup
     return max(0.0, (max_steps - step) / (max_steps - warmup))
