@@ -23,6 +23,8 @@ from trainer.commands.finetune import (
     encode,
     finetune,
     hold_out,
+    label_mapping,
+    load_splits,
     read_dataset,
     spearman_ranks,
     start_at_mean,
@@ -80,6 +82,43 @@ def test_finetune_is_deterministic_and_reads_csv_and_saved_datasets(tiny_student
     ).save_to_disk(saved)
     result = finetune(config(tiny_student_dir, saved, tmp_path / "c", "epochs=1"))
     assert result["total"] == 20  # the dataset's own validation split
+
+
+def test_eleven_integer_classes_keep_their_ids_in_jsonl_and_csv(tmp_path):
+    """Sorted as text, 10 came before 2: eleven integer classes were refused, and a CSV's "10" became class 2."""
+    rows = [{"text": f"doc {i}", "label": i % 11} for i in range(33)]
+    jsonl, table = tmp_path / "eleven.jsonl", tmp_path / "eleven.csv"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with table.open("w", newline="") as f:
+        csv.DictWriter(f, fieldnames=["text", "label"]).writeheader()
+        csv.DictWriter(f, fieldnames=["text", "label"]).writerows(rows)
+    for data in (jsonl, table):
+        cfg = config(tmp_path, data, tmp_path / "o", "valid_fraction=0.3")
+        names, ids = label_mapping(*load_splits(cfg), cfg)
+        assert names == [str(i) for i in range(11)] and ids["10"] == 10, data
+
+
+def test_validation_is_a_saved_datasets_validation_split_never_its_train_split(tmp_path):
+    """``validation=`` a saved DatasetDict (task distillation: the augmented data to train on, the original
+    dataset to score on) once took its first split, its train split: scored on what it trained on."""
+    import datasets
+
+    rows = [{"text": f"doc {i}", "label": i % 2} for i in range(12)]
+    augmented = tmp_path / "augmented.jsonl"
+    augmented.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list(rows[:8]), validation=datasets.Dataset.from_list(rows[8:])
+    ).save_to_disk(saved)
+    _, valid = load_splits(config(tmp_path, augmented, tmp_path / "o", f"validation={saved}"))
+    assert valid.texts == [r["text"] for r in rows[8:]]
+
+    no_train = tmp_path / "no-train"
+    datasets.DatasetDict(
+        validation=datasets.Dataset.from_list(rows[:8]), test=datasets.Dataset.from_list(rows[8:])
+    ).save_to_disk(no_train)
+    with pytest.raises(ConfigError, match=r"holds the splits \['test', 'validation'\] and none named 'train'"):
+        load_splits(config(tmp_path, no_train, tmp_path / "o"))
 
 
 def test_bad_data_is_a_clear_error_or_a_counted_skip(tiny_student_dir, tmp_path, caplog):

@@ -6,8 +6,9 @@ classification (``task=classification``: accuracy) or regression (``task=regress
 mean squared error, scored by Pearson and Spearman correlation), and read its score on a
 validation split. The data is a CSV or JSONL file with ``text`` and ``label`` columns (names
 configurable; ``text_pair_column`` adds a second text, encoded as a sentence pair), or a
-``datasets`` dataset saved with ``save_to_disk``; the validation split is ``validation=PATH``, else the dataset's own
-``validation`` split, else a held-out ``valid_fraction`` chosen by ``seed``. A plain torch loop
+``datasets`` dataset saved with ``save_to_disk`` (trained on its ``train`` split); the validation split is
+``validation=PATH`` (a file, or a saved dataset's ``validation`` split), else the dataset's own ``validation``
+split, else a held-out ``valid_fraction`` chosen by ``seed``. A plain torch loop
 that runs on a laptop CPU, deterministic for a seed. Logged to MLflow like training (experiment
 ``finetune``); ``mlflow.register_as`` registers the classifier too.
 
@@ -239,9 +240,11 @@ def load_classifier(model_dir: Path, head: dict[str, Any]) -> Any:
 def load_splits(cfg: FinetuneConfig) -> tuple[Split, Split]:
     """The train and validation splits (see the module docstring for which validation split)."""
     splits = read_dataset(Path(cfg.data), cfg)
+    if "train" not in splits and len(splits) > 1:  # training on a validation or test split would go unnoticed
+        raise ConfigError(f"data: {cfg.data} holds the splits {sorted(splits)} and none named 'train'")
     train = splits.pop("train", None) or next(iter(splits.values()))
     if cfg.validation is not None:
-        valid = next(iter(read_dataset(Path(cfg.validation), cfg).values()))
+        valid = validation_split(read_dataset(Path(cfg.validation), cfg), cfg.validation)
     elif any(name in splits for name in SPLIT_NAMES):
         valid = next(splits[name] for name in SPLIT_NAMES if name in splits)
     else:
@@ -249,6 +252,18 @@ def load_splits(cfg: FinetuneConfig) -> tuple[Split, Split]:
     require(len(train.texts) > 0, "data", f"{cfg.data}: no training examples")
     require(len(valid.texts) > 0, "validation", f"{cfg.validation or cfg.data}: no validation examples")
     return train, valid
+
+
+def validation_split(splits: dict[str, Split], path: str) -> Split:
+    """The split ``validation=PATH`` names: a file's one split, or a saved dataset's validation split (the
+    first of ``SPLIT_NAMES``). Its first split would be its train split in a DatasetDict: the model would be
+    scored, and its best epoch chosen, on what it trained on (task distillation's augmented-train runs)."""
+    if len(splits) == 1:
+        return next(iter(splits.values()))
+    for name in SPLIT_NAMES:
+        if name in splits:
+            return splits[name]
+    raise ConfigError(f"validation: {path} holds the splits {sorted(splits)} and none of {list(SPLIT_NAMES)}")
 
 
 def read_dataset(path: Path, cfg: FinetuneConfig) -> dict[str, Split]:
@@ -343,9 +358,14 @@ def label_mapping(train: Split, valid: Split, cfg: FinetuneConfig) -> tuple[list
     Regression has no classes: ``([], {})``."""
     if cfg.task == "regression":
         return [], {}
-    values = sorted(set(train.labels), key=str)
+    values = set(train.labels)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        values = sorted(values)  # as numbers: sorted as text, 10 came before 2 and 11 classes were refused
         require(values == list(range(len(values))), "label_column", f"integer labels must be 0..N-1, got {values}")
+    elif all(isinstance(v, str) and v.isdecimal() for v in values):
+        values = sorted(values, key=int)  # a CSV's integer labels, read as text: "10" after "9"
+    else:
+        values = sorted(values, key=str)
     names = [str(v) for v in values]
     unknown = sorted({str(v) for v in valid.labels} - set(names))
     require(not unknown, "validation", f"labels {unknown} do not occur in the training data")
