@@ -134,7 +134,7 @@ def parse_row(line: str, text_columns: list[str]) -> tuple[dict[str, Any] | None
     """The row, or None and the name of the reason it is skipped."""
     try:
         row = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON; an int over Python's 4,300 digits; nesting past the stack
         return None, "bad_json"
     if not isinstance(row, dict):
         return None, "bad_json"
@@ -234,32 +234,46 @@ def shard_name(file: int, shard: int) -> str:
     return f"{file:09d}-{shard:012d}.gz"
 
 
-def read_lines(path: str) -> Iterator[tuple[int, str | None]]:
-    """(line number, text) of each line of a file, gzipped or plain; the text is None for a line over
-    ``MAX_LINE_CHARS``, which is skipped without being held (at most that many characters at once)."""
+def read_lines(path: str) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text, why it is skipped) of each line of a file, gzipped or plain. A skipped line has no
+    text: one over ``MAX_LINE_CHARS`` (``too_long``, never held whole: at most that many characters at
+    once) or not UTF-8 (``invalid_utf8``); a gzip file cut short (``truncated_file``) ends after its last
+    complete line, as the corpus reader's do."""
     opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        line = 0
-        while text := f.readline(MAX_LINE_CHARS + 1):
-            line += 1
-            if len(text) <= MAX_LINE_CHARS or text.endswith("\n"):
-                yield line, text
-                continue
-            while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
-                pass  # the rest of the line, dropped a block at a time
-            yield line, None
+    line = 0
+    # surrogateescape: a bad byte becomes a lone surrogate, found per line below, instead of ending the file
+    with opener(path, "rt", encoding="utf-8", errors="surrogateescape") as f:
+        try:
+            while text := f.readline(MAX_LINE_CHARS + 1):
+                line += 1
+                if len(text) <= MAX_LINE_CHARS or text.endswith("\n"):
+                    yield (line, text, None) if text.isascii() or is_utf8(text) else (line, None, "invalid_utf8")
+                    continue
+                while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                    pass  # the rest of the line, dropped a block at a time
+                yield line, None, "too_long"
+        except (EOFError, gzip.BadGzipFile, zlib.error):
+            yield line + 1, None, "truncated_file"
+
+
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a byte surrogateescape kept
+        return False
+    return True
 
 
 def split_file(element: tuple[int, str], work: str, lines_per_shard: int) -> Iterator[tuple[int, int, int, str]]:
     """A worker copies one input file into pieces of at most ``PIECE_LINES`` lines that never cross
     a shard (``lines_per_shard`` lines, from the file's first): (file, shard, first line, piece path).
-    A piece is the unit one worker augments. An over-long line becomes a blank one (blank lines
-    are dropped) and a counted skip, so the lines keep their numbers."""
+    A piece is the unit one worker augments. A line skipped on reading (``read_lines``) becomes a blank
+    one (blank lines are dropped) and a counted skip, so the lines keep their numbers."""
     import apache_beam as beam
 
     file, path = element
 
-    def piece_of(item: tuple[int, str | None]) -> int:
+    def piece_of(item: tuple[int, str | None, str | None]) -> int:
         line = item[0]
         return line - (line - 1) % lines_per_shard % PIECE_LINES  # the piece's first line
 
@@ -267,9 +281,9 @@ def split_file(element: tuple[int, str], work: str, lines_per_shard: int) -> Ite
         final = Path(work) / "input" / f"{piece_name(file, first_line)}.txt"
         partial = final.with_name(f"{final.name}.{uuid.uuid4().hex}.partial")
         with open(partial, "w", encoding="utf-8", newline="") as piece:
-            for _, text in lines:
-                if text is None:
-                    beam.metrics.Metrics.counter(NAMESPACE, "skipped_too_long").inc()
+            for _, text, skipped in lines:
+                if skipped is not None:
+                    beam.metrics.Metrics.counter(NAMESPACE, f"skipped_{skipped}").inc()
                 piece.write("\n" if text is None else text)
         os.replace(partial, final)  # a retried bundle replaces the piece, never tears it
         yield file, (first_line - 1) // lines_per_shard, first_line, str(final)

@@ -241,7 +241,7 @@ def _jsonl_records(lines: Iterable[bytes | None], opts: ReadOptions, counts: Cou
             continue
         try:
             record = json.loads(decoded)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: '[' nested deeper than the stack (1,000 of them do)
             counts["documents.dropped.malformed_json"] += 1
             continue
         if not isinstance(record, dict):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common.config import ConfigError, from_dict
-from preprocessing.augment import OUTPUT_FILE, SUMMARY_FILE, AugmentConfig, run
+from preprocessing.augment import OUTPUT_FILE, SUMMARY_FILE, AugmentConfig, parse_row, read_lines, run
 
 TEXTS = [
     "The logging module lets every library write to one application log.",
@@ -54,6 +54,28 @@ def two_task_files(tmp_path: Path) -> tuple[str, list[dict[str, object]]]:
 def augment(task_file: Path | str, mlm: Path, out: Path, **values: object) -> dict[str, int]:
     settings = {"input": str(task_file), "mlm": str(mlm), "output": str(out), "variants": 3, "top_k": 5}
     return run(from_dict(AugmentConfig, {**settings, **values}))
+
+
+def test_lines_that_cannot_be_read_or_parsed_are_skips_with_a_reason(tmp_path):
+    """Each of these once ended the whole augmentation with a traceback."""
+    good = json.dumps({"text": "a b", "label": 0})
+    assert parse_row("[" * 100_000, ["text"]) == (None, "bad_json")  # RecursionError
+    assert parse_row('{"text": "a b", "n": ' + "9" * 5000 + "}", ["text"]) == (None, "bad_json")  # 4,300 digits
+    assert parse_row(good, ["text"])[1] is None
+
+    plain = tmp_path / "bytes.jsonl"
+    plain.write_bytes(good.encode() + b"\n" + b'{"text": "caf\xe9"}\n' + good.encode() + b"\n")
+    assert [(line, skipped) for line, _, skipped in read_lines(str(plain))] == [
+        (1, None),
+        (2, "invalid_utf8"),
+        (3, None),
+    ]
+
+    cut = tmp_path / "cut.jsonl.gz"
+    whole = gzip.compress(("".join(good + "\n" for _ in range(2000))).encode())
+    cut.write_bytes(whole[: len(whole) // 2])
+    read = list(read_lines(str(cut)))
+    assert read[-1][1:] == (None, "truncated_file") and all(text == good + "\n" for _, text, _ in read[:-1])
 
 
 def test_variants_are_deterministic_counted_and_keep_labels(task_file, tiny_teacher_dir, tmp_path):

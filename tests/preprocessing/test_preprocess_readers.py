@@ -100,6 +100,11 @@ def test_bad_jsonl_records_are_counted_per_reason(tmp_path):
     }
     assert counts["documents.read"] == 9  # the blank line is not a record
 
+    nested = tmp_path / "nested.jsonl"  # '[' nested past the stack: json raises RecursionError, not ValueError
+    nested.write_bytes(b"\n".join([lines[0], b"[" * 100_000, lines[-1]]))
+    docs, counts = read(nested)
+    assert docs == [DOCS[0], DOCS[1]] and counts["documents.dropped.malformed_json"] == 1
+
     docs, counts = read(path, max_doc_chars=100, invalid_utf8="replace")
     assert "caf\ufffd latin-1" in docs
     assert counts["documents.repaired.invalid_utf8"] == 1
