@@ -124,6 +124,24 @@ def input_files(pattern: str) -> list[str]:
     return sorted(os.path.abspath(path) for path in matches if Path(path).is_file())
 
 
+def check_output(output: str, files: list[str]) -> None:
+    """The output directory is replaced whole at the end: refuse, before any work, one that holds anything
+    but an earlier augmentation's two files (``output=task`` beside ``task/dev.jsonl`` would delete it), or
+    one of the inputs (``input=out/train.jsonl.gz output=out`` would replace the data with its own variants)."""
+    out = Path(output).absolute()
+    inside = [path for path in files if Path(path).is_relative_to(out)]
+    if inside:
+        raise ConfigError(f"output: {output} holds the input {inside[0]}, which the output replaces: choose another")
+    if out.exists():
+        own = {OUTPUT_FILE, SUMMARY_FILE}
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else [out.name]
+        if foreign:
+            raise ConfigError(
+                f"output: {output} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}, which "
+                "replacing it would delete: name a new directory, or an earlier augmentation's"
+            )
+
+
 def example_id(file: int, line: int) -> str:
     """An example's name in the seed's draws: the line number in the first file, ``file:line`` in
     the others, so that a single file's examples are named by their line numbers alone."""
@@ -386,10 +404,13 @@ def run(cfg: AugmentConfig) -> dict[str, int]:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from preprocessing.pipeline import make_runner
+    from preprocessing.preflight import check_beam_options
 
     options = PipelineOptions(flags=[], **cfg.beam_options())
-    runner = make_runner(options)
+    runner = make_runner(options)  # first: it registers its runner's options (the DaskRunner's address)
+    check_beam_options(cfg.beam_options())  # Beam itself drops a misspelt option with a log line, and runs
     files = input_files(cfg.input)
+    check_output(cfg.output, files)
     started = time.monotonic()
     with atomic_directory(cfg.output) as tmp:  # the directory appears whole; on an error, with no work left
         work = tmp / WORK_DIR

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import os
 import shutil
 import tempfile
 import zlib
@@ -33,6 +34,7 @@ FORMATS = ("txt", "jsonl", "parquet")
 COMPRESSIONS = {"gz": "gz", "bz2": "bz2", "zst": "zst", "zstd": "zst"}
 CHUNK_BYTES = 1 << 20
 SNIFF_BYTES = 8192
+UTF8_BOM = b"\xef\xbb\xbf"
 # Bytes that never occur in text: C0 controls except \t \n \v \f \r, and DEL.
 _CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32), 127])
 _TEXT_BYTES = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
@@ -84,7 +86,9 @@ def read_documents(
             return
         chunks = _chunks(stream, counts, lambda: on_chunk(raw.tell()) if on_chunk else None)
         try:
-            first = next(chunks, b"")
+            # A UTF-8 byte-order mark (some Windows editors write one) is not text: the first JSON line failed to
+            # parse with it, and the first text document kept it, a different hash for deduplication.
+            first = next(chunks, b"").removeprefix(UTF8_BOM) or next(chunks, b"")
             if not first:
                 counts["files.empty"] += 1
                 return
@@ -312,6 +316,10 @@ def _read_parquet(stream: IO[bytes], compression: str | None, opts: ReadOptions,
                 counts["files.truncated"] += 1
             spool.seek(0)
             stream = spool
+        if stream.seek(0, os.SEEK_END) == 0:  # as a text file of no bytes is, not a corrupt one
+            counts["files.empty"] += 1
+            return
+        stream.seek(0)
         try:
             parquet = pq.ParquetFile(stream)
         except (pa.ArrowException, OSError):

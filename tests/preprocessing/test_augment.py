@@ -250,6 +250,24 @@ def test_bad_config_names_the_key(task_file, tmp_path):
         augment(task_file, tmp_path, tmp_path / "out", probability=0)
 
 
+def test_an_output_that_holds_other_files_or_an_input_is_refused_before_any_work(task_file, tiny_teacher_dir, tmp_path):
+    """The output directory is replaced whole: ``output=task`` beside ``task/dev.jsonl`` once deleted it."""
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "dev.jsonl").write_text('{"text": "kept", "label": 0}\n')
+    with pytest.raises(ConfigError, match=r"^output: .* holds dev\.jsonl, which replacing it would delete"):
+        augment(task_file, tiny_teacher_dir, task)
+    assert (task / "dev.jsonl").read_text() == '{"text": "kept", "label": 0}\n'
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / OUTPUT_FILE).write_bytes(task_file.read_bytes())
+    with pytest.raises(ConfigError, match=r"^output: .* holds the input"):
+        augment(own / OUTPUT_FILE, tiny_teacher_dir, own)
+    with pytest.raises(ConfigError, match=r"^beam\.direct_num_workerz: not a Beam pipeline option"):
+        augment(task_file, tiny_teacher_dir, tmp_path / "out", beam={"direct_num_workerz": 2})
+    assert not (tmp_path / "out").exists()
+
+
 def test_tinybert_preset(task_file, tiny_teacher_dir, tmp_path):
     from common.config import load_config
 

@@ -110,9 +110,22 @@ def test_bad_jsonl_records_are_counted_per_reason(tmp_path):
     assert counts["documents.repaired.invalid_utf8"] == 1
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_document(tmp_path):
+    """It once dropped a file's first JSON record as malformed, and stayed in a text file's first document."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "bom.jsonl").write_bytes(bom + jsonl_bytes(DOCS[:2]))
+    assert read(tmp_path / "bom.jsonl")[0] == DOCS[:2]
+    (tmp_path / "bom.txt").write_bytes(bom + DOCS[0].encode())
+    assert read(tmp_path / "bom.txt")[0] == [DOCS[0]]
+
+
 def test_empty_binary_and_truncated_files(tmp_path):
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert read(tmp_path / "empty.jsonl")[1]["files.empty"] == 1
+    (tmp_path / "empty.parquet").write_bytes(b"")  # empty as the text formats are, not corrupt
+    assert read(tmp_path / "empty.parquet")[1]["files.empty"] == 1
+    (tmp_path / "bom-only.txt").write_bytes(b"\xef\xbb\xbf")
+    assert read(tmp_path / "bom-only.txt")[1]["files.empty"] == 1
 
     (tmp_path / "image.txt").write_bytes(random.Random(0).randbytes(4096))
     docs, counts = read(tmp_path / "image.txt")
