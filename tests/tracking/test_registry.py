@@ -69,6 +69,20 @@ def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, tr
     layer = original.bert.encoder.layer[1].output.dense.weight
     assert torch.equal(classifier.bert.encoder.layer[1].output.dense.weight, layer)
 
+    # The evaluation suite pulls a registered model into its work_dir; a second suite with the same work_dir
+    # pulls it again (the alias may have moved), where `pull` alone refuses a directory that is not empty.
+    from common.config import load_config
+    from trainer.commands.evaluate_suite import SuiteConfig, local_model
+
+    suite = load_config(SuiteConfig, None, [f"models=[models:/{name}@candidate]", f"mlflow.tracking_uri={uri}"])
+    for _ in range(2):
+        local = local_model(suite, suite.models[0], tmp_path / "suite-work" / "model-0" / "base")
+        assert (
+            json.loads((tmp_path / "suite-work" / "model-0" / "base" / "mlflow_source.json").read_text())["version"]
+            == "2"
+        )
+    assert local == str(tmp_path / "suite-work" / "model-0" / "base")
+
     # The other URI form, MLflow's own loader, and the errors a user can make.
     by_version = pull(f"models:/{name}/2", tmp_path / "by-version", uri)
     assert json.loads((by_version / "mlflow_source.json").read_text())["version"] == "2"

@@ -112,6 +112,19 @@ def test_a_model_agrees_with_itself_and_a_headless_teacher_gives_no_agreement(
     assert headless["models"][0]["hidden_cosine"] is None and headless["models"][0]["centred_cosine"] is None
 
 
+def test_a_teacher_of_another_vocabulary_is_refused_before_any_scoring(
+    tiny_dataset_dir: Path, tiny_teacher_dir: Path, tmp_path: Path
+) -> None:
+    """It once read the dataset's ids as its own words: an agreement and cosines of no meaning, or an IndexError."""
+    foreign = shutil.copytree(tiny_teacher_dir, tmp_path / "foreign")
+    tokenizer_json = json.loads((foreign / "tokenizer.json").read_text())
+    tokenizer_json["model"]["vocab"]["zzzz-new-token"] = len(tokenizer_json["model"]["vocab"])
+    (foreign / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    models = json.dumps([str(tiny_teacher_dir)])
+    with pytest.raises(ConfigError, match=r"^data: .* but teacher .* has a different tokenizer"):
+        evaluate_mlm(config(f"data={tiny_dataset_dir}", f"models={models}", f"teacher={foreign}"))
+
+
 def test_bad_input_names_the_key(tiny_dataset_dir: Path, bert_tokenizer_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"^masking\.frequency_smoothing: held-out scores use a uniform mask"):
         config(f"data={tiny_dataset_dir}", 'models=["m"]', "masking.frequency_smoothing=0.7")

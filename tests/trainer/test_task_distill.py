@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,7 +190,16 @@ def test_bad_inputs_are_errors_before_any_weight_moves(teacher, tiny_teacher_dir
     ).save_pretrained(other)
     with pytest.raises(ConfigError, match=r"student: its tokenizer \(\d+ tokens\) is not the teacher.s \(30522 tokens"):
         run(settings(teacher, other, tmp_path / "c"))
-    for name in "abc":  # nothing was trained or written
+    # A layer method that does not fit the two architectures (TinyBERT's attention needs equal head counts),
+    # found from the configs: the student's weights are unreadable here, and not read.
+    heads = tmp_path / "two-heads"
+    shutil.copytree(general_student, heads)
+    config = json.loads((heads / "config.json").read_text())
+    (heads / "config.json").write_text(json.dumps({**config, "num_attention_heads": 2}))
+    (heads / "model.safetensors").write_bytes(b"not weights")
+    with pytest.raises(ConfigError, match=r"tinybert\.attention"):
+        run(settings(teacher, heads, tmp_path / "e"))
+    for name in "abce":  # nothing was trained or written
         assert not (tmp_path / name / "checkpoint").exists() and not (tmp_path / name / "model").exists()
     # A config error names its key before anything is read.
     with pytest.raises(ConfigError, match=r"predictions\.soft"):

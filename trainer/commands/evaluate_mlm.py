@@ -90,6 +90,8 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
     dataset = open_dataset(cfg.data)
     for model in cfg.models:
         require(has_mlm_head(load_model_config(model, "models")), "models", f"{model} has no masked-LM head to score")
+    if cfg.teacher is not None:  # a teacher of another vocabulary would read the ids as other words, or fail on them
+        check_tokenizer(dataset, tokenizer_identity(load_tokenizer(cfg.teacher), cfg.teacher), cfg.teacher, "teacher")
     device = local_device()  # a GPU where there is one: a CPU took minutes a model on a GPU machine
     teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, torch.float32).to(device)
     teacher_scored = teacher is not None and has_mlm_head(teacher.config)  # has predictions of its own

@@ -45,6 +45,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -203,12 +204,15 @@ def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[st
 
 def local_model(cfg: SuiteConfig, model: str, scratch: Path) -> str:
     """A local directory as is; a registered model (``models:/...``) pulled once into ``scratch``
-    from the suite's tracking server, so that its runs do not pull it again."""
+    from the suite's tracking server, so that its runs do not pull it again. A ``work_dir`` kept from an
+    earlier suite holds an earlier pull there (the alias may have moved since): replaced, as the
+    fine-tuned models beside it are; ``pull`` itself refuses a destination that is not empty."""
     if ":/" not in model or Path(model).is_dir():
         return model
     from trainer.tracking.config import resolve_tracking_uri
     from trainer.tracking.pull import pull
 
+    shutil.rmtree(scratch, ignore_errors=True)
     return str(pull(model, scratch, resolve_tracking_uri(cfg.mlflow)))
 
 

@@ -183,8 +183,8 @@ class Models:
 
 def load_models(cfg: TaskDistillConfig, train: Split, valid: Split, scratch: Path) -> Models:
     """Both models, after the checks that must pass before any weight is read: the teacher has a
-    classification (or regression) head for this task and knows every label of the data, and the
-    student shares the teacher's vocabulary."""
+    classification (or regression) head for this task and knows every label of the data, the
+    student shares the teacher's vocabulary, and the layer stage's methods fit the two architectures."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     teacher_dir, teacher_source = resolve_model(cfg.teacher, cfg.mlflow, scratch / "teacher", key="teacher")
@@ -192,6 +192,8 @@ def load_models(cfg: TaskDistillConfig, train: Split, valid: Split, scratch: Pat
     teacher_config = AutoConfig.from_pretrained(teacher_dir)
     label_ids = check_teacher_head(cfg, teacher_config, train, valid)
     check_same_vocabulary(teacher_dir, student_dir)
+    if cfg.layers.epochs:  # the layer methods' own checks (head counts, layer maps), from the configs alone
+        LayerDistillation(cfg.layers, teacher_config, AutoConfig.from_pretrained(student_dir))
 
     teacher = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval().requires_grad_(False)
     torch.manual_seed(cfg.seed)  # the student's new head
