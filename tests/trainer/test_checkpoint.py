@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ from common.config import ConfigError
 from trainer.commands.export import resolve_checkpoint, save_student
 from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
 from trainer.runtime.metrics import truncate_after
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_checkpoints(root: Path, steps: list[int], latest: int | None = None) -> None:
@@ -46,6 +51,8 @@ def test_latest_tag_requires_the_file_and_the_directory(tmp_path: Path) -> None:
     assert latest_tag(tmp_path) is None  # `latest` names a checkpoint that is gone
     make_checkpoints(tmp_path, [20], latest=20)
     assert latest_tag(tmp_path) == tag_for(20)
+    (tmp_path / "latest").write_text("")  # torn by a kill: once read as the checkpoints directory itself
+    assert latest_tag(tmp_path) is None
 
 
 def test_saved_world_size_counts_the_optimizer_partitions(tmp_path: Path) -> None:
@@ -68,8 +75,9 @@ def test_resolve_checkpoint_accepts_output_dir_checkpoints_dir_or_one_checkpoint
     assert resolve_checkpoint(tmp_path) == (root, tag_for(20))
     assert resolve_checkpoint(root) == (root, tag_for(20))
     assert resolve_checkpoint(root / tag_for(10)) == (root, tag_for(10))
-    (root / "latest").unlink()
-    assert resolve_checkpoint(tmp_path) == (root, tag_for(20))
+    (root / "latest").unlink()  # the first save was killed: the newest step-N may be partial, and is not guessed
+    with pytest.raises(ConfigError, match=r"no complete checkpoint .* name one of its step-N directories"):
+        resolve_checkpoint(tmp_path)
     with pytest.raises(ConfigError, match="no checkpoint"):
         resolve_checkpoint(tmp_path / "elsewhere")
 
@@ -106,3 +114,52 @@ def test_save_student_replaces_atomically_and_leaves_nothing_behind_on_failure(
     assert (dest / "model.safetensors").read_bytes() == second
     assert sorted(p.name for p in tmp_path.iterdir()) == ["student"]
     assert BertForMaskedLM.from_pretrained(dest).config.hidden_size == 16
+
+
+# Two saves through a real DeepSpeed engine (a world of one, gloo): the second into a step directory that a
+# killed save of two ranks left, with rank 1's partition and no `latest` naming it.
+SAVE_TWICE = """
+import sys
+from pathlib import Path
+
+import torch
+
+from common.config import load_config
+from trainer.config import TrainConfig
+from trainer.runtime.checkpoint import Checkpointer, saved_world_size
+from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
+
+out = Path(sys.argv[1])
+overrides = ["data=unused", f"output_dir={out}", "global_batch_size=2", "micro_batch_size=2"]
+cfg = load_config(TrainConfig, "configs/tiny-cpu.yaml", overrides)
+world = init_distributed()
+engine = build_engine(torch.nn.Linear(4, 4), cfg, deepspeed_config(cfg, world.world_size), world.device)
+checkpoints = Checkpointer(out, every_steps=1, keep_last=3, is_main=True)
+for step in (1, 2):
+    engine.backward(engine(torch.ones(2, 4)).square().mean())
+    engine.step()
+    if step == 2:
+        (checkpoints.root / "step-00000002").mkdir()
+        (checkpoints.root / "step-00000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"torn")
+    checkpoints.save(engine, step, {"step": step}, lambda dest: dest.mkdir())
+print(checkpoints.latest().name, saved_world_size(checkpoints.latest()))
+"""
+
+
+def test_a_save_into_a_killed_saves_directory_keeps_none_of_its_files(tmp_path: Path) -> None:
+    """Rank 1's partition from the killed save would make the checkpoint look saved by two ranks, and a resume
+    on one rank would convert it to the universal form from two training states (or fail on a torn file)."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, "-c", SAVE_TWICE, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == [tag_for(2), "1"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for(2)

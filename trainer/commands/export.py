@@ -40,10 +40,13 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
         return path.parent, path.name
     root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     tag = latest_tag(root)
-    if tag is None and checkpoint_dirs(root):
-        tag = checkpoint_dirs(root)[-1].name
+    if tag is None and checkpoint_dirs(root):  # the newest may be a save that was killed: not guessed
+        raise ConfigError(
+            f"export: no complete checkpoint in {root}: 'latest' names none; name one of its step-N directories "
+            f"to export it (newest: {checkpoint_dirs(root)[-1].name})"
+        )
     if tag is None:
-        raise ConfigError(f"export: no checkpoint in {path} (expected step-N directories or a 'latest' file)")
+        raise ConfigError(f"export: no checkpoint in {path} (expected step-N directories and a 'latest' file)")
     return root, tag
 
 

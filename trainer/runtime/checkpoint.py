@@ -2,8 +2,13 @@
 
 Layout: ``OUTPUT_DIR/checkpoints/step-00001000/`` (DeepSpeed's model, optimizer and scheduler
 files for every ZeRO stage, plus ``hf/``: the student's Hugging Face config and the tokenizer,
-so a checkpoint alone can be exported) and ``OUTPUT_DIR/checkpoints/latest``, which DeepSpeed
-rewrites only after a save completed: a run killed mid-save resumes from the previous one.
+so a checkpoint alone can be exported) and ``OUTPUT_DIR/checkpoints/latest``, which names the last
+complete checkpoint: the trainer writes it (atomically, rank 0) only once every rank has written its
+files, so a run killed mid-save resumes from the previous one. (DeepSpeed's own ``latest`` is written
+by rank 0 as soon as its own files are, while other ranks may still be writing their partitions,
+and in place: a kill then could leave it naming a partial checkpoint, or empty.) A save into a step
+directory that a killed save left behind first empties it: a partition of a rank that no longer
+exists would otherwise stay, and make the checkpoint look saved by more ranks than it was.
 
 The trainer's own state (step, data position, MLflow run id) travels in DeepSpeed's client state.
 RNG state needs no saving: the trainer reseeds from ``(seed, step, rank)`` at every step.
@@ -29,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.atomic import atomic_directory
+from common.atomic import atomic_directory, write_text_atomically
 from trainer.runtime.rendezvous import logged_while_waiting
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,7 @@ def latest_tag(root: Path) -> str | None:
     if not latest.is_file():
         return None
     tag = latest.read_text(encoding="utf-8").strip()
-    return tag if (root / tag).is_dir() else None
+    return tag if TAG.fullmatch(tag) and (root / tag).is_dir() else None  # empty: `root / ""` is root itself
 
 
 def prune(root: Path, keep_last: int, newest_step: int) -> list[Path]:
@@ -198,11 +203,16 @@ class Checkpointer:
         """
         tag = tag_for(step)
         if self.is_main:
+            if (self.root / tag).is_dir() and latest_tag(self.root) != tag:  # what a killed save left
+                shutil.rmtree(self.root / tag)
             (self.root / tag).mkdir(parents=True, exist_ok=True)
             hf_files(self.root / tag / HF_DIR)
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state)
+        # DeepSpeed's save begins with a barrier (no rank writes before rank 0 is done above) and ends with one
+        # (every rank's files are written when it returns): only then may `latest` name the checkpoint.
+        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
         summary = describe(optimizer_summary(engine))
         if self.is_main:
+            write_text_atomically(self.root / "latest", tag)
             log.info("saved checkpoint %s: %s", self.root / tag, summary)
             prune(self.root, self.keep_last, step)
         dist.barrier()
