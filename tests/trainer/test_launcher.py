@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -478,6 +479,27 @@ def test_run_sh_also_runs_under_bash() -> None:
     )
     assert proc.returncode == 2
     assert "error: max_steps: must be >= 0" in proc.stderr
+
+
+def test_more_streams_than_samples_fail_before_the_teacher_is_read(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
+) -> None:
+    """A new run's streams come from its config: checked against the dataset before the teacher's weights load
+    (here unreadable) and the engine is built, as every other cheap check is."""
+    teacher = Path(shutil.copytree(tiny_teacher_dir, tmp_path / "teacher"))
+    (teacher / "model.safetensors").write_bytes(b"not weights")
+    env = {**os.environ, "PYTHON": sys.executable, "DS_ACCELERATOR": "cpu"}
+    overrides = [f"teacher={teacher}", f"data={tiny_dataset_dir}", f"output_dir={tmp_path / 'out'}"]
+    proc = subprocess.run(
+        ["bash", "launch/run.sh", "configs/tiny-cpu.yaml", *overrides, "loader.streams=100000", "mlflow.enabled=false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "fewer than its 100000 streams" in proc.stderr
 
 
 def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:

@@ -40,7 +40,15 @@ from trainer.modeling import build_student, load_teacher, load_teacher_config, t
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
 from trainer.runtime.checkpoint import Checkpointer
-from trainer.runtime.data import TrainLoader, check_tokenizer, open_dataset, padding_mask
+from trainer.runtime.data import (
+    TrainLoader,
+    check_split_feeds_streams,
+    check_streams_fit,
+    check_tokenizer,
+    fresh_streams,
+    open_dataset,
+    padding_mask,
+)
 from trainer.runtime.engine import Distributed, build_engine, deepspeed_config, init_distributed
 from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
@@ -81,6 +89,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     tokenizer_source, tokenizer_key = cfg.tokenizer_source()
     tokenizer = load_tokenizer(tokenizer_source)
     check_tokenizer(dataset, tokenizer_identity(tokenizer, tokenizer_source), tokenizer_source, tokenizer_key)
+    if resume_point is None:  # a new run's streams are this config's (a resumed run's, its checkpoint's)
+        streams = fresh_streams(cfg.loader, world.world_size)
+        check_streams_fit(streams, world.world_size)
+        check_split_feeds_streams(dataset.shards("train"), streams)
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         task = f"distilling {cfg.teacher}" if cfg.teacher is not None else f"pretraining {cfg.student.model}"

@@ -210,12 +210,7 @@ class TrainStream(torch.utils.data.IterableDataset):
         self.num_workers = max(1, num_workers)
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
-        total = sum(s.samples for s in shards)
-        if len(shards) < num_streams and total < num_streams:
-            raise ConfigError(
-                f"data: the train split has {total} samples, fewer than its {num_streams} streams "
-                "(loader.streams, by default ranks x loader.num_workers)"
-            )
+        check_split_feeds_streams(self.shards, num_streams)
 
     def stream(self, k: int) -> SlotStream:
         return SlotStream(self.shards, k, self.num_streams, self.seed, self.shuffle_buffer)
@@ -234,6 +229,29 @@ class TrainStream(torch.utils.data.IterableDataset):
             readers[k] = (samples, start + self.micro_batch_size)
             batch = np.stack([decode(sample) for sample in raw])
             yield {"input_ids": torch.from_numpy(batch.astype(np.int64)), "keys": [r["__key__"] for r in raw]}
+
+
+def fresh_streams(loader_cfg: Any, world_size: int) -> int:
+    """A new run's number of streams: ``loader.streams``, else one per rank and loader worker. A resumed run
+    keeps its checkpoint's."""
+    return loader_cfg.streams or world_size * max(1, loader_cfg.num_workers)
+
+
+def check_streams_fit(num_streams: int, world_size: int) -> None:
+    if world_size > num_streams:
+        raise ConfigError(
+            f"loader.streams: this run's data order has {num_streams} streams, fewer than its {world_size} "
+            "ranks; it can resume on at most that many (start a run with loader.streams=N to grow to N ranks)"
+        )
+
+
+def check_split_feeds_streams(shards: tuple[Shard, ...] | list[Shard], num_streams: int) -> None:
+    total = sum(s.samples for s in shards)
+    if len(shards) < num_streams and total < num_streams:
+        raise ConfigError(
+            f"data: the train split has {total} samples, fewer than its {num_streams} streams "
+            "(loader.streams, by default ranks x loader.num_workers)"
+        )
 
 
 class TrainLoader:
@@ -256,7 +274,7 @@ class TrainLoader:
     ) -> None:
         state = None if state is None else upgrade_state(state)
         if state is None:
-            num_streams = loader_cfg.streams or world_size * max(1, loader_cfg.num_workers)
+            num_streams = fresh_streams(loader_cfg, world_size)
             positions = dict.fromkeys(range(num_streams), 0)
         else:
             num_streams, positions = int(state["streams"]), {int(k): int(p) for k, p in state["positions"].items()}
@@ -274,11 +292,7 @@ class TrainLoader:
                     "stays the checkpoint's",
                     changed,
                 )
-        if world_size > num_streams:
-            raise ConfigError(
-                f"loader.streams: this run's data order has {num_streams} streams, fewer than its {world_size} "
-                "ranks; it can resume on at most that many (start a run with loader.streams=N to grow to N ranks)"
-            )
+        check_streams_fit(num_streams, world_size)
         mine = owned_streams(rank, world_size, num_streams)
         missing = [k for k in mine if k not in positions]
         if missing:
