@@ -80,6 +80,12 @@ def test_a_deepspeed_json_may_not_set_what_the_yaml_owns(tmp_path: Path) -> None
         deepspeed_config(cfg, world_size=1)
     with pytest.raises(ConfigError, match=r"deepspeed\.config: file not found"):
         deepspeed_config(load("distilbert-base.yaml", "deepspeed.config=nope.json"), world_size=1)
+    # Stage 0 (also a JSON without ZeRO) in fp32 or fp16 saves no optimizer partitions: no resume, no export.
+    path.write_text(json.dumps({"gradient_clipping_comment": "no zero_optimization"}))
+    with pytest.raises(
+        ConfigError, match=r"deepspeed\.config: .* sets ZeRO stage 0; the trainer needs stage 1, 2 or 3"
+    ):
+        deepspeed_config(load("distilbert-base.yaml", f"deepspeed.config={path}"), world_size=1)
 
 
 def test_the_initial_loss_scale_comes_from_the_yaml_and_is_checked() -> None:

@@ -194,6 +194,12 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, *, load_universal: bool 
     owned = [key for key in YAML_OWNED_KEYS if key in ds]
     if owned:
         raise ConfigError(f"deepspeed.config: {path} sets {owned}; these come from the training YAML")
+    stage = ds.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (1, 2, 3):  # stage 0 in fp32 or fp16 writes no optimizer partitions: no resume, no export
+        raise ConfigError(
+            f"deepspeed.config: {path} sets ZeRO stage {stage}; the trainer needs stage 1, 2 or 3, whose "
+            "checkpoints it resumes on any number of ranks and exports (on one rank, stage 1 partitions nothing)"
+        )
     precision = cfg.deepspeed.precision
     ds.update(
         train_batch_size=cfg.global_batch_size,
