@@ -11,7 +11,16 @@ import torch
 
 from common.config import ConfigError, load_config
 from trainer.config import TrainConfig
-from trainer.runtime.optim import build_scheduler, follow_schedule, lr_factor, warmup_steps
+from trainer.runtime.optim import (
+    build_scheduler,
+    follow_schedule,
+    follow_settings,
+    lr_factor,
+    param_groups,
+    warmup_steps,
+)
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 
 
 def test_warmup_then_linear_decay() -> None:
@@ -111,6 +120,20 @@ def test_follow_schedule_changes_nothing_for_an_unchanged_relaunch() -> None:
 )
 def test_out_of_range_optimizer_settings_and_seed_are_config_errors(override: str, key: str) -> None:
     """Each once passed validation: a negative decay trained silently, the others failed after the teacher loaded."""
-    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
     with pytest.raises(ConfigError, match=f"^{re.escape(key)}: "):
-        load_config(TrainConfig, tiny, ["data=d", "output_dir=o", override])
+        load_config(TrainConfig, TINY, ["data=d", "output_dir=o", override])
+
+
+def test_a_resumed_optimizer_takes_this_launchs_betas_eps_and_decay() -> None:
+    """A checkpoint restores the saving launch's settings; a relaunch's overrides once stayed without effect."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    saved = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3, betas=(0.9, 0.98), eps=1e-6)
+    resumed = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3)
+    resumed.load_state_dict(saved.state_dict())
+    now = load_config(TrainConfig, TINY, ["data=d", "output_dir=o"]).optimizer
+    assert follow_settings(resumed.param_groups, now) == {}  # the same settings: nothing touched
+    now = load_config(TrainConfig, TINY, ["data=d", "output_dir=o", "optimizer.weight_decay=0.1", "optimizer.eps=1e-8"])
+    changed = follow_settings(resumed.param_groups, now.optimizer)
+    assert changed == {"eps": (1e-6, 1e-8), "weight_decay": (0.01, 0.1)}
+    assert [g["weight_decay"] for g in resumed.param_groups] == [0.1, 0.0]  # biases and LayerNorm stay undecayed
+    assert all(g["eps"] == 1e-8 and tuple(g["betas"]) == (0.9, 0.98) for g in resumed.param_groups)

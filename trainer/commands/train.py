@@ -53,7 +53,7 @@ from trainer.runtime.engine import Distributed, build_engine, deepspeed_config, 
 from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
-from trainer.runtime.optim import follow_schedule
+from trainer.runtime.optim import follow_schedule, follow_settings
 from trainer.runtime.profiling import step_profiler
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import start_tracker
@@ -122,10 +122,13 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
 
     resumed = checkpoints.resume(engine, resume_point) or {}
     step = int(resumed.get("step", 0))
-    if resumed:  # the schedule is this launch's (max_steps may have grown), not the checkpoint's
+    if resumed:  # the schedule and settings are this launch's (max_steps may have grown), not the checkpoint's
         saved_lr, lr = follow_schedule(engine.lr_scheduler, cfg.optimizer.lr)
         if world.is_main and not math.isclose(saved_lr, lr):
             log.info("step %d: lr %.3g from this launch's schedule (the checkpoint's was %.3g)", step, lr, saved_lr)
+        changed = follow_settings(engine.lr_scheduler.optimizer.param_groups, cfg.optimizer)
+        if world.is_main and changed:
+            log.info("step %d: optimizer settings from this launch's config (the checkpoint's, now): %s", step, changed)
     # Rank 0 tracks the run in MLflow (a resumed run continues its MLflow run); never blocks a step.
     tracker = start_tracker(
         cfg.mlflow,

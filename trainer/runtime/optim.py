@@ -23,6 +23,21 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def follow_settings(groups: list[dict[str, Any]], opt: Any) -> dict[str, tuple[Any, Any]]:
+    """Give the optimizer this launch's betas, eps and weight decay after a checkpoint restored the saving
+    launch's (a relaunch's overrides would otherwise be accepted and ignored); the groups are
+    :func:`param_groups`' two, the decayed one first. Returns what changed: ``{key: (before, now)}``."""
+    changed: dict[str, tuple[Any, Any]] = {}
+    for i, group in enumerate(groups):
+        wanted = {"betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay if i == 0 else 0.0}
+        for key, value in wanted.items():
+            before = tuple(group[key]) if key == "betas" else group[key]
+            if before != value:
+                changed.setdefault(key, (before, value))
+                group[key] = value
+    return changed
+
+
 def warmup_steps(max_steps: int, warmup_fraction: float) -> int:
     return round(max_steps * warmup_fraction)
 
