@@ -160,8 +160,12 @@ def test_valid_batches_are_split_evenly_over_ranks(tiny_dataset_dir: Path) -> No
     dataset = open_dataset(tiny_dataset_dir)
     shares = [valid_batches(dataset, micro_batch_size=8, max_batches=5, rank=r, world_size=2) for r in range(2)]
     assert [len(s) for s in shares] == [2, 2]
-    rows = collections.Counter(tuple(row.tolist()) for share in shares for batch in share for row in batch)
+    rows = collections.Counter(tuple(row.tolist()) for share in shares for _, batch in share for row in batch)
     assert sum(rows.values()) == 32 and max(rows.values()) == 1
+    # each batch with its index among all: what the evaluation's mask is drawn from, whichever rank has it
+    alone = valid_batches(dataset, micro_batch_size=8, max_batches=5, rank=0, world_size=1)
+    assert [i for share in shares for i, _ in share] == [0, 1, 2, 3] == [i for i, _ in alone][:4]
+    assert all(torch.equal(batch, alone[i][1]) for share in shares for i, batch in share)
 
 
 def test_missing_manifest_and_foreign_tokenizer_are_clear_errors(

@@ -365,11 +365,12 @@ def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def valid_batches(
     dataset: Dataset, *, micro_batch_size: int, max_batches: int, rank: int, world_size: int
-) -> list[torch.Tensor]:
-    """This rank's share of the first ``max_batches`` valid batches, in file order.
+) -> list[tuple[int, torch.Tensor]]:
+    """This rank's share of the first ``max_batches`` valid batches, in file order, each with its index among them.
 
     Every rank gets the same number of batches (ZeRO-3 forwards are collective); when there
-    are fewer batches than ranks, some are evaluated twice. An empty valid split gives none.
+    are fewer batches than ranks, some are evaluated twice, and when the ranks do not divide them, the
+    last few are left out. An empty valid split gives none.
     """
     shards = dataset.shards("valid")
     samples = wds.tarfile_samples([{"url": s.path} for s in shards])
@@ -378,5 +379,5 @@ def valid_batches(
     if not batches:
         return []
     per_rank = max(1, len(batches) // world_size)
-    mine = [batches[(rank * per_rank + i) % len(batches)] for i in range(per_rank)]
-    return [torch.from_numpy(b.astype(np.int64)) for b in mine]
+    mine = [(rank * per_rank + i) % len(batches) for i in range(per_rank)]
+    return [(index, torch.from_numpy(batches[index].astype(np.int64))) for index in mine]

@@ -2,8 +2,9 @@
 
 The first ``max_batches`` valid batches are masked once, from a seed no training step uses, and
 kept on the device; every evaluation scores the same tokens, so its numbers are comparable across
-steps and runs. :class:`Evaluation` is the periodic evaluation of a training run (each rank
-evaluates its share and the sums are all-reduced); ``python -m trainer evaluate-mlm`` scores
+steps, and across runs on any numbers of ranks that divide the batches evenly (a batch's mask does
+not depend on the rank that scores it). :class:`Evaluation` is the periodic evaluation of a training
+run (each rank evaluates its share and the sums are all-reduced); ``python -m trainer evaluate-mlm`` scores
 finished models on the same batches with :func:`fixed_masked_batches` and :func:`masked_lm_sums`.
 The teacher's loss and accuracy never change, so a run reports them once; student-teacher top-1
 agreement is reported every time.
@@ -45,18 +46,20 @@ def fixed_masked_batches(
 ) -> list[EvalBatch]:
     """This rank's share of the first ``max_batches`` valid batches, each masked once from ``seed``.
 
-    The mask depends only on (seed, rank, batch index) and the masking config, so two runs or two
-    models with the same arguments are scored on exactly the same tokens.
+    A batch's mask depends only on (seed, the batch's index among them) and the masking config, not on
+    which rank scores it: two models, or two runs on any numbers of ranks that divide the batches
+    evenly, are scored on exactly the same tokens.
     """
     batches = []
     shares = valid_batches(
         dataset, micro_batch_size=micro_batch_size, max_batches=max_batches, rank=rank, world_size=world_size
     )
-    for i, ids in enumerate(shares):
+    for index, ids in shares:
         host_mask = padding_mask(ids, dataset.pad_id)
         ids = ids.to(device)
         attention_mask = None if host_mask is None else host_mask.to(device)
-        generator = seeded_generator(seed, EVAL_STREAM, rank, i, device=device)
+        # 0 where the rank once was: every batch is drawn as a single-rank run always drew it
+        generator = seeded_generator(seed, EVAL_STREAM, 0, index, device=device)
         batches.append((masker(ids, attention_mask, generator), attention_mask))
     return batches
 
