@@ -27,6 +27,8 @@ def test_distilbert_preset_is_distilberts_recipe() -> None:
     assert (opt.lr, opt.betas, opt.eps, opt.warmup_fraction, opt.grad_clip) == (5e-4, [0.9, 0.98], 1e-6, 0.05, 5.0)
     obj = cfg.objective
     assert (obj.ce, obj.mlm, obj.cos, obj.mse, obj.temperature) == (5.0, 2.0, 1.0, 0.0, 2.0)
+    # where it is not the reference code's default (every real token): docs/objectives.md says so and why
+    assert obj.ce_positions == "masked" and cfg.masking.frequency_smoothing == 0.7
     assert cfg.deepspeed.precision == "bf16"
 
     ds = deepspeed_config(cfg, world_size=64)
