@@ -3,6 +3,7 @@ parent run with a child run per stage, the student registered and pulled back as
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from common.config import from_dict
 from trainer.commands.finetune import FinetuneConfig, finetune
-from trainer.commands.task_distill import TaskDistillConfig, task_distill
+from trainer.commands.task_distill import CHECKPOINT, TaskDistillConfig, task_distill
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +75,12 @@ def test_parent_and_stage_runs_registered_student_pulled(
     exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "model")
     for key, value in exported.state_dict().items():
         torch.testing.assert_close(model.state_dict()[key], value, msg=key)
+
+    # Not waiting for the server (start_timeout_s=0), the runs are created in the background: their ids still
+    # reach the checkpoint, from which a resumed run continues them (they were recorded only if known at once).
+    late = {**values, "output_dir": str(tmp_path / "late"), "predictions": {"epochs": 1, "lr": 1e-3, "soft": 1.0}}
+    late["mlflow"] = {"tracking_uri": uri, "experiment": "td-late", "start_timeout_s": 0}
+    task_distill(from_dict(TaskDistillConfig, late))
+    on_server = {r.info.run_id for r in client.search_runs([client.get_experiment_by_name("td-late").experiment_id])}
+    recorded = json.loads((tmp_path / "late" / CHECKPOINT / "state.json").read_text())["runs"]
+    assert set(recorded) == {"parent", "layers", "predictions"} and set(recorded.values()) == on_server

@@ -135,6 +135,34 @@ def test_run_records_config_metrics_tags_artifacts_and_resumes(mlflow_server, tm
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
+@pytest.mark.integration
+def test_a_run_whose_new_experiment_another_run_created_meanwhile_is_created(mlflow_server, monkeypatch):
+    """A run looks its experiment up, finds none, and another run starting at once creates it before this one
+    does: the creation is refused (it exists), which skipped the run. Task distillation's parent and first stage
+    did so when they did not wait for the server. The interleaving is made here, on the real server."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from trainer.tracking.config import MlflowConfig
+    from trainer.tracking.tracker import RunSpec
+
+    uri = mlflow_server.uri
+
+    class CreatedMeanwhile(MlflowClient):
+        def get_experiment_by_name(self, name: str):
+            found = super().get_experiment_by_name(name)
+            if found is None:  # the other run, between this lookup and this run's creation
+                MlflowClient(uri).create_experiment(name)
+            return found
+
+    monkeypatch.setattr(mlflow, "MlflowClient", CreatedMeanwhile)  # what the delivery thread connects with
+    tracker = Tracker(MlflowConfig(tracking_uri=uri, system_metrics=False), spec=RunSpec(experiment="meanwhile"))
+    tracker.finish({})
+    client = MlflowClient(uri)
+    assert tracker.run_id is not None
+    assert client.get_run(tracker.run_id).info.experiment_id == client.get_experiment_by_name("meanwhile").experiment_id
+
+
 def test_dead_server_never_blocks_training(tmp_path, dead_tracking_uri, tiny_student_dir, capsys):
     """Nothing listens at the tracking URI: training calls return promptly, nothing raises, and the
     end of training prints the one command that registers the student later."""

@@ -371,9 +371,11 @@ class StageLoop:
                 self.validate(step, state, output_dir, tracker)
             if step % cfg.checkpoint_every_steps == 0 and step < total_steps:
                 state.update(step=step, optimizer=self.optimizer.state_dict(), scheduler=scheduler.state_dict())
+                self.tracking.record_ids()
                 save_checkpoint(output_dir / CHECKPOINT, self.trainable, state, ranks)
         state.update(step=step)
         tracker.finish({})
+        self.tracking.record_ids()
         # The stage is complete: the next one starts from here, whatever happens later.
         save_checkpoint(
             output_dir / CHECKPOINT,
@@ -507,7 +509,9 @@ def finish(
 # ---------------------------------------------------------------------------------------------- MLflow
 class StageRuns:
     """One parent run for the task distillation, a child run per stage (MLflow's ``mlflow.parentRunId``
-    tag nests them in the UI). Their ids live in the checkpoint, so a resumed run continues them."""
+    tag nests them in the UI). Their ids live in the checkpoint, so a resumed run continues them: a run
+    the server created only after ``mlflow.start_timeout_s`` (in the background) too, from the next
+    checkpoint on (:meth:`record_ids`). A stage opened before its parent run existed is not nested."""
 
     def __init__(
         self,
@@ -518,6 +522,7 @@ class StageRuns:
         ranks: Ranks,
     ) -> None:
         self.cfg, self.run_ids, self.ranks = cfg, run_ids, ranks
+        self.opened: dict[str, Tracker] = {}
         params = {key: str(value) for key, value in flatten(to_dict(cfg)).items()}
         tags = {f"{role}_{key}": value for role, source in sources.items() for key, value in source.items()}
         tags.update(teacher=cfg.teacher, student=cfg.student, data=cfg.data)
@@ -537,9 +542,14 @@ class StageRuns:
             return NullTracker(self.cfg.mlflow)
         tracker = Tracker(self.cfg.mlflow, spec=spec, run_id=self.run_ids.get(name))
         tracker.delivery.first_attempt.wait(self.cfg.mlflow.start_timeout_s)  # the id goes into checkpoints
-        if tracker.run_id:
-            self.run_ids[name] = tracker.run_id
+        self.opened[name] = tracker
+        self.record_ids()
         return tracker
+
+    def record_ids(self) -> None:
+        """Put the ids of the runs that exist now into ``run_ids``, which the checkpoint holds; called before
+        each save, since a run the server was late for gets its id after :meth:`open` stopped waiting."""
+        self.run_ids.update({name: t.run_id for name, t in self.opened.items() if t.run_id})
 
     def stage(self, stage: str) -> Tracker | NullTracker:
         """The child run of ``stage``: its section's params, nested under the parent."""

@@ -150,7 +150,14 @@ class Tracker:
         experiment = client.get_experiment_by_name(spec.experiment)
         if experiment is None:
             location = local_artifact_location(self.tracking_uri, spec.experiment)
-            experiment_id = client.create_experiment(spec.experiment, artifact_location=location)
+            try:
+                experiment_id = client.create_experiment(spec.experiment, artifact_location=location)
+            except MlflowException as err:
+                # Created since the lookup by another run starting at once (task distillation's parent and
+                # stage, the ablation's parallel jobs): a permanent refusal, which skipped this run.
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment_id = client.get_experiment_by_name(spec.experiment).experiment_id
         else:
             experiment_id = experiment.experiment_id
         run = client.create_run(experiment_id, run_name=spec.run_name, tags=spec.tags)
