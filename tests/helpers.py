@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
 
 
+def run_in_repo(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``args`` run from the repository root, their output captured as text."""
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the system picked it)."""
     with socket.socket() as sock:

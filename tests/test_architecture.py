@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, run_in_repo
 
 PACKAGES = ("common", "preprocessing", "trainer")
 
@@ -126,13 +126,6 @@ def test_the_commands_that_build_no_engine_import_no_deepspeed() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))\n"
     )
     env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *[f"trainer.commands.{c}" for c in commands]],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_in_repo([sys.executable, "-c", code, *[f"trainer.commands.{c}" for c in commands]], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout[-2000:]

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, run_in_repo
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from common.config import ConfigError
 from trainer.commands.export import resolve_checkpoint, save_student
 from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
 from trainer.runtime.metrics import truncate_after
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def make_checkpoints(root: Path, steps: list[int], latest: int | None = None) -> None:
@@ -152,14 +150,7 @@ def test_a_save_into_a_killed_saves_directory_keeps_none_of_its_files(tmp_path: 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = subprocess.run(
-        [sys.executable, "-c", SAVE_TWICE, str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_in_repo([sys.executable, "-c", SAVE_TWICE, str(tmp_path)], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == [tag_for(2), "1"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for(2)

@@ -36,6 +36,7 @@ from helpers import (
     latest_step,
     launch_run,
     records,
+    run_in_repo,
 )
 from helpers import kill_and_resume as kill_rank_and_resume
 from helpers import train_losses as losses_of
@@ -490,14 +491,8 @@ def test_more_streams_than_samples_fail_before_the_teacher_is_read(
     (teacher / "model.safetensors").write_bytes(b"not weights")
     env = {**os.environ, "PYTHON": sys.executable, "DS_ACCELERATOR": "cpu"}
     overrides = [f"teacher={teacher}", f"data={tiny_dataset_dir}", f"output_dir={tmp_path / 'out'}"]
-    proc = subprocess.run(
-        ["bash", "launch/run.sh", "configs/tiny-cpu.yaml", *overrides, "loader.streams=100000", "mlflow.enabled=false"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    overrides += ["loader.streams=100000", "mlflow.enabled=false"]
+    proc = run_in_repo(["bash", "launch/run.sh", "configs/tiny-cpu.yaml", *overrides], env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fewer than its 100000 streams" in proc.stderr
 
