@@ -20,9 +20,9 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from helpers import REPO, block_imports
+from helpers import REPO, block_imports, run_in_repo
 
-from benchmarks.gpu import train_throughput
+from benchmarks.gpu import forget, train_throughput
 from common.config import load_config
 from trainer.config import TrainConfig
 from trainer.runtime.engine import deepspeed_config
@@ -188,11 +188,33 @@ def test_forget_drops_the_named_results_and_keeps_the_rest(tmp_path: Path) -> No
     report = {"device": "H200", "cases": [{"name": "headline", "rc": 0}, {"name": "mb64", "rc": 0}]}
     report |= {"steps": [{"name": "project"}, {"name": "naive"}], "losses": {"eager_ms": 1.0}, "sdpa": {"shapes": []}}
     (tmp_path / "throughput.json").write_text(json.dumps(report))
-    dropped = train_throughput.forget(tmp_path, {"mb64", "project", "losses", "absent"})
+    dropped = forget.forget(tmp_path, {"mb64", "project", "losses", "absent"})
     assert sorted(dropped) == ["losses", "mb64", "project"]
     kept = json.loads((tmp_path / "throughput.json").read_text())
     assert [r["name"] for r in kept["cases"]] == ["headline"] and [r["name"] for r in kept["steps"]] == ["naive"]
     assert "losses" not in kept and kept["sdpa"] == {"shapes": []} and kept["device"] == "H200"
+
+
+def test_forget_runs_on_a_bare_machine_before_the_wheels_are_installed(tmp_path: Path) -> None:
+    """run.sh drops GPU_CAMPAIGN_AGAIN's results before it installs the carried wheels: run from
+    train_throughput.py (which imports DeepSpeed) it failed there, and the session went on measuring nothing again."""
+    report = {"device": "H200", "cases": [], "steps": [{"name": "project"}, {"name": "naive"}]}
+    (tmp_path / "throughput.json").write_text(json.dumps(report))
+    blocked = block_imports(tmp_path / "blocked", ("deepspeed", "torch", "transformers"))
+    env = {**os.environ, "PYTHONPATH": str(blocked)}
+    proc = run_in_repo([sys.executable, "benchmarks/gpu/forget.py", str(tmp_path), "project"], env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "measured again by the next call: project" in proc.stdout
+    assert [r["name"] for r in json.loads((tmp_path / "throughput.json").read_text())["steps"]] == ["naive"]
+
+
+def test_results_from_another_device_are_named_in_the_table() -> None:
+    """A session continued from an earlier one's files on another kind of GPU: its table says which rows are not
+    this device's, instead of heading them all with the new device's name."""
+    report = json.loads((REPO / "docs" / "gpu-campaign" / "throughput.json").read_text())
+    assert "Measured on another device" not in train_throughput.markdown(report)
+    report["device"] = "NVIDIA H100 80GB HBM3"
+    assert "project (NVIDIA H200)" in train_throughput.markdown(report)
 
 
 def test_a_case_reports_each_intervals_rate_beside_their_harmonic_mean(tmp_path: Path) -> None:

@@ -41,8 +41,11 @@ RESULTS=$(cd "$RESULTS" && pwd)
 # GPU_CAMPAIGN_AGAIN: the names of results to measure again (recorded before a change to what they measure).
 PY=${PYTHON:-python3}
 if [ "$MODE" = session ] && [ -n "${GPU_CAMPAIGN_FROM:-}" ] && [ ! -e "$RESULTS/throughput.json" ]; then
-    cp "$GPU_CAMPAIGN_FROM"/{versions.txt,tests.log,tests.xml,throughput.json,throughput.log} "$RESULTS"/ 2>/dev/null
-    [ -z "${GPU_CAMPAIGN_AGAIN:-}" ] || "$PY" benchmarks/gpu/train_throughput.py "$RESULTS" --forget "$GPU_CAMPAIGN_AGAIN"
+    # not versions.txt: this session's device and versions are recorded anew (each result names its device)
+    cp "$GPU_CAMPAIGN_FROM"/{tests.log,tests.xml,throughput.json,throughput.log} "$RESULTS"/ 2>/dev/null
+    if [ -n "${GPU_CAMPAIGN_AGAIN:-}" ]; then  # before the wheels: forget.py needs none of them
+        "$PY" benchmarks/gpu/forget.py "$RESULTS" "$GPU_CAMPAIGN_AGAIN" || { echo "GPU_CAMPAIGN_AGAIN: forget.py failed"; exit 1; }
+    fi
 fi
 INPUTS=${GPU_CAMPAIGN_INPUTS:-.gpu}  # what `make gpu-wheels gpu-data` wrote (the CPU dry run: its own)
 

@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.gpu.forget import LOSSES, SDPA
 from benchmarks.step_floor import floor_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
@@ -82,8 +83,6 @@ STEP_VARIANTS = {
     "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
 }
 STEP_OVERRIDES = {"project-unpadded": ["objective.vocab_multiple=1"]}  # config keys a step changes
-LOSSES = "losses"
-SDPA = "sdpa"  # benchmarks/sdpa_backends.py: which attention kernel each preset's encoders get
 HEADLINE = "headline"  # --only's name for the first case of the list
 
 
@@ -396,6 +395,14 @@ def memory_markdown(steps: list[dict[str, Any]]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
+    # a session continued from an earlier one's files (GPU_CAMPAIGN_FROM) on another kind of GPU
+    elsewhere = [
+        f"{r['name']} ({r['device']})"
+        for r in report["cases"] + report["steps"]
+        if r.get("device", report["device"]) != report["device"]
+    ]
+    if elsewhere:
+        lines += ["", f"Measured on another device, in an earlier session: {', '.join(elsewhere)}."]
     if report["cases"]:
         header = "| case | seq | micro | global | tokens/s | spread | MFU | peak GiB | planned GiB | planned act. GiB "
         header += "| data wait | rc |"
@@ -475,22 +482,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forget(outdir: Path, names: set[str]) -> list[str]:
-    """Drops the results of ``names`` recorded in OUTDIR/throughput.json (cases, steps, ``losses``, ``sdpa``), so
-    that the next ``--append`` call measures them again: for results recorded before a change to what they
-    measure (the presets' padded decoder since the third campaign). Returns the names dropped."""
-    path = outdir / "throughput.json"
-    report = json.loads(path.read_text())
-    dropped = [r["name"] for kind in ("cases", "steps") for r in report[kind] if r["name"] in names]
-    for kind in ("cases", "steps"):
-        report[kind] = [r for r in report[kind] if r["name"] not in names]
-    for item in (LOSSES, SDPA):
-        if item in names and report.pop(item, None) is not None:
-            dropped.append(item)
-    write_text_atomically(path, json.dumps(report, indent=2) + "\n")
-    return dropped
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
@@ -502,11 +493,7 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated case and step names (default: all)")
     parser.add_argument("--append", action="store_true", help="continue OUTDIR/throughput.json")
     parser.add_argument("--deadline", type=float, default=None, help="Unix time by which to have stopped")
-    parser.add_argument("--forget", default=None, help="comma-separated names: drop their results, then exit")
     args = parser.parse_args()
-    if args.forget is not None:
-        print(f"measured again by the next call: {', '.join(forget(args.outdir, set(args.forget.split(','))))}")
-        return 0
     import torch
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -525,6 +512,8 @@ def main() -> int:
     previous = args.outdir / "throughput.json"
     if args.append and previous.is_file():
         kept = json.loads(previous.read_text())
+        for r in kept["cases"]:  # cases recorded before they named their device were measured on the report's
+            r.setdefault("device", kept["device"])
         report["cases"] = [r for r in kept["cases"] if settled(r)]
         report["steps"] = [r for r in kept["steps"] if settled(r)]
         for item in (LOSSES, SDPA):
@@ -576,7 +565,7 @@ def main() -> int:
     teacher_config = teacher if args.quick else args.teacher_config
     for case in cases:
         if timeout := may_start(case.name, "cases"):
-            record("cases", run_case(case, teacher, args.data, args.work, peak, timeout))
+            record("cases", {**run_case(case, teacher, args.data, args.work, peak, timeout), "device": device})
     for name, extra in STEP_VARIANTS.items():
         if timeout := may_start(name, "steps"):
             command = step_command(name, teacher_config, tokenizer, data, args.quick)
