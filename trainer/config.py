@@ -330,9 +330,8 @@ class TrainConfig:
             "trains the student's hidden states, which student.trainable=head freezes; set it to 0",
         )
         require(self.max_steps >= 0, "max_steps", "must be >= 0")
-        require(
-            self.seed >= 0, "seed", "must be >= 0"
-        )  # numpy's SeedSequence, which seeds the data and masks, refuses the rest
+        # numpy's SeedSequence, which seeds the data order and the masks, refuses a negative seed after the work
+        require(self.seed >= 0, "seed", "must be >= 0")
         last_profiled = self.profile.start_step + self.profile.steps - 1
         require(
             self.profile.steps == 0 or last_profiled <= self.max_steps,
