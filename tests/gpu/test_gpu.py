@@ -279,10 +279,21 @@ def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
     """``evaluate-mlm`` and the suite's linear probe compute on the GPU (the first GPU ablation found both on
     the machine's CPU, minutes a model) and score what the CPU scores: the same masked tokens, and
     figures equal up to float32 rounding in other kernels (a near-tied guess may flip: a few in a
-    thousand; for the probe, one of the 32 validation examples)."""
+    thousand; for the probe, one of the 32 validation examples). The probe's ridge fits run there too
+    (the second GPU ablation's probe spent 8-36 s a model and task with its fits on the machine's CPU)."""
     from common.config import load_config
+    from trainer.commands import probe
     from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm
     from trainer.commands.evaluate_suite import SuiteConfig, evaluate_suite
+
+    fitted_on = []  # the device of every ridge fit (jobs=1: the suite runs in this process)
+    prepare = probe.Ridge.__init__
+
+    def recording(self, x, y):
+        fitted_on.append(x.device.type)
+        prepare(self, x, y)
+
+    monkeypatch.setattr(probe.Ridge, "__init__", recording)
 
     student = str(launched("zero2") / "student")
     mlm = load_config(
@@ -302,6 +313,8 @@ def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
         probed = evaluate_suite(suite)["models"][0]["average"]
         if accelerator == "cuda":
             assert torch.cuda.max_memory_allocated() > 0  # the probe's encoder ran there
+        assert set(fitted_on) == {"cuda" if accelerator == "cuda" else "cpu"}, fitted_on  # and its fits
+        fitted_on.clear()
         return held_out, probed
 
     here, probed = scores(ON)
