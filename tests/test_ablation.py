@@ -101,6 +101,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         running -= line.startswith("=== ") and " done in " in line
         peak = max(peak, running)
     assert 2 <= peak <= 4
+    assert "cpus: os.cpu_count" in (returned / "versions.txt").read_text()  # what the threads were sized by
     out = tmp_path / "state" / "all-toy"
     assert (out / "data").resolve() == (tmp_path / "state" / "dataset" / "data").resolve()
 

@@ -95,6 +95,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert first["not_started"]
     assert set(first["not_started"]).isdisjoint(measured)
     assert "Not started, too close to the deadline" in (tmp_path / "out-1" / "summary.md").read_text()
+    assert "cpus: os.cpu_count" in (tmp_path / "out-1" / "versions.txt").read_text()  # what the threads were sized by
 
     # The same command again (a new, empty OUTDIR, as each device call gets): it continues. Here as a later
     # session would (a bare machine: a new state), from the files the first call returned, but for what

@@ -68,6 +68,7 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", to
       "| webdataset", webdataset.__version__)
 print("device:", torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")
 EOF
+    "$PY" -m trainer.runtime.cpus || true  # the CPUs the machine reports and those a command here uses
     command -v nvcc ninja c++ || true
     timeout 120 ds_report 2>&1 | grep -E "cpu_adam|fused_adam|torch (version|cuda)|nvcc|deepspeed (info|wheel)" || true
     "$PY" -c "import sysconfig, os; h = sysconfig.get_paths()['include']; print('Python.h', os.path.exists(h + '/Python.h'))"

@@ -53,6 +53,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the report below imports 
 print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
       "| deepspeed", deepspeed.__version__, "| transformers", transformers.__version__)
 print("device:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")'
+    "$PY" -m trainer.runtime.cpus  # the CPUs the machine reports and those a command here uses
 } >"$OUTDIR/versions.txt" 2>&1
 
 # The inputs, once per machine: a finished unpack or restore is a directory (gpu_inputs.py renames it last).

@@ -24,7 +24,9 @@ The fine-tuning runs themselves are not tracked (their scores are in the suite's
 ``jobs=N`` runs N fine-tunes at once, each in a worker process of its own (started fresh, not
 forked: CUDA cannot be forked). For a GPU: one small model's fine-tune leaves it idle most of the
 time (32 steps of a 20M-parameter model, between tokenising and loading), so a few share it well.
-On a CPU the workers share the cores (each gets cores / N threads) and gain little. Each run is
+On a CPU the workers share the cores (each gets cores / N threads, the cores this process may use:
+its affinity capped by a container's CPU quota, :mod:`trainer.runtime.cpus`; ``jobs=1`` runs no more
+threads than those) and gain little. Each run is
 seeded alone, so a score is the one ``jobs=1`` gives with as many threads as a worker has (another
 thread count rounds differently: a score may move in its sixth digit). A model's ``wall_s`` is then
 the sum of its runs' times, not the time the suite took.
@@ -60,6 +62,7 @@ from common.config import ConfigError, flatten, from_dict, load_config, require,
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
 from trainer.commands.probe import probe
 from trainer.config import MlflowConfig
+from trainer.runtime.cpus import usable_cpus
 from trainer.tracking.tracker import RunSpec, open_tracker
 
 log = logging.getLogger(__name__)
@@ -236,11 +239,13 @@ def run_all(
 ) -> list[dict[str, float]]:
     """Each run's result (``timed_run``), in the order of ``runs``: one after another in this process,
     or ``cfg.jobs`` at a time in fresh worker processes."""
+    cpus = usable_cpus()  # the workers share the CPUs, not oversubscribe them (nor a container's quota)
     if cfg.jobs == 1:
+        limit_threads(cpus)
         return [
             log_run(cfg, run, tasks[run.task], timed_run(cfg, run, tasks[run.task], data[run.task])) for run in runs
         ]
-    threads = max(1, (os.cpu_count() or 1) // cfg.jobs)  # the workers share the cores, not oversubscribe them
+    threads = max(1, cpus // cfg.jobs)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(cfg.jobs, mp_context=spawn, initializer=worker_init, initargs=(threads,)) as pool:
         futures = [pool.submit(timed_run, cfg, run, tasks[run.task], data[run.task]) for run in runs]
@@ -255,6 +260,15 @@ def worker_init(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def limit_threads(cpus: int) -> None:
+    """This process's PyTorch threads cut to ``cpus`` where it would start more (its default counts the
+    CPUs the affinity mask allows, not a container's quota); an ``OMP_NUM_THREADS`` the user set stands."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cpus:
+        torch.set_num_threads(cpus)
 
 
 def timed_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], data: dict[str, Path]) -> dict[str, float]:
@@ -272,7 +286,7 @@ def timed_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], data: dict[str, 
 
 def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, float]) -> dict[str, float]:
     log.info(
-        "evaluate-suite: %s | %s | %s | seed %d | lr %g | %s %.4f | %.0f s | pid %d",
+        "evaluate-suite: %s | %s | %s | seed %d | lr %g | %s %.4f | %.0f s (CPU %.0f s) | pid %d",
         run.model,
         run.task,
         cfg.method,
@@ -281,6 +295,7 @@ def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, 
         task["metric"],
         result["score"],
         result["wall_s"],
+        result["cpu_s"],
         result["pid"],
     )
     return result

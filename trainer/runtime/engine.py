@@ -30,6 +30,7 @@ from deepspeed.constants import default_pg_timeout
 from common.atomic import write_text_atomically
 from common.config import ConfigError
 from trainer.config import TrainConfig
+from trainer.runtime.cpus import usable_cpus
 from trainer.runtime.optim import build_scheduler, param_groups
 from trainer.runtime.rendezvous import joining_at_rank_zero
 
@@ -83,7 +84,7 @@ def init_distributed() -> Distributed:
         if "OMP_NUM_THREADS" not in os.environ:
             # Ranks sharing a CPU: each gets its share of the cores instead of all of them (oversubscription).
             local_ranks = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+            torch.set_num_threads(max(1, usable_cpus() // local_ranks))
     backend = "gloo" if on_cpu else accelerator.communication_backend_name()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if alone or on_one_node_without_port():
