@@ -218,6 +218,26 @@ def test_results_from_another_device_are_named_in_the_table() -> None:
     assert "project (NVIDIA H200)" in train_throughput.markdown(report)
 
 
+def test_cases_measured_with_and_without_the_decoders_padding_are_named_in_the_table(tmp_path: Path) -> None:
+    """A continued session measures some cases again after the presets' decoder padding changed and keeps the
+    others: the table says which rows ran which padding (a case recorded before it named it ran none), and says
+    nothing where all agree. Each case records its padding from its resolved config."""
+    report = json.loads((REPO / "docs" / "gpu-campaign" / "throughput.json").read_text())
+    assert "Decoder vocabulary padded" not in train_throughput.markdown(report)
+    [first, second, *_] = report["cases"]
+    first["vocab_multiple"] = 64
+    table = train_throughput.markdown(report)
+    assert f"padded to a multiple of 64 (objective.vocab_multiple): {first['name']}." in table
+    assert f"padded to a multiple of 1 (objective.vocab_multiple): {second['name']}," in table
+    case = train_throughput.Case("x", "distilbert-base", 128, 2)
+    assert (
+        train_throughput.planned(case, [f"teacher={REPO / 'configs' / 'teachers' / 'bert-base-uncased'}"])[
+            "vocab_multiple"
+        ]
+        == 64
+    )  # the preset's
+
+
 def test_a_case_reports_each_intervals_rate_beside_their_harmonic_mean(tmp_path: Path) -> None:
     """The third campaign's repeat of the headline moved 165 % between its fastest and slowest interval; each
     interval's rate is kept, to tell one stall from steady noise. The first interval (compile, warm-up) is not

@@ -233,6 +233,7 @@ def planned(case: Case, overrides: list[str]) -> dict[str, float]:
         "flops_per_token": sized["flops_per_token"]["total"],
         "planned_activation_gib": sized["activation_gib"],
         "planned_gib": sized["memory_gib"]["total"],
+        "vocab_multiple": cfg.objective.vocab_multiple,  # the decoder's padding: the table names a mix of two
     }
 
 
@@ -403,6 +404,13 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if elsewhere:
         lines += ["", f"Measured on another device, in an earlier session: {', '.join(elsewhere)}."]
+    # a continued session re-measures some cases after a change to the presets' decoder padding, and keeps the
+    # rest: a case recorded before it named its padding ran the vocabulary as it is (vocab_multiple 1)
+    padding = {r["name"]: r.get("vocab_multiple", 1) for r in report["cases"]}
+    if len(set(padding.values())) > 1:
+        for multiple in sorted(set(padding.values())):
+            names = ", ".join(name for name, m in padding.items() if m == multiple)
+            lines += ["", f"Decoder vocabulary padded to a multiple of {multiple} (objective.vocab_multiple): {names}."]
     if report["cases"]:
         header = "| case | seq | micro | global | tokens/s | spread | MFU | peak GiB | planned GiB | planned act. GiB "
         header += "| data wait | rc |"
