@@ -64,6 +64,8 @@ def test_v1_quota_and_no_quota(tmp_path: Path) -> None:
 
 def test_no_cgroup_or_a_quota_above_the_machine_leaves_the_affinity(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(tmp_path, tmp_path / "missing") is None
+    (tmp_path / "odd").write_text("not a cgroup line\n\n")
+    assert cgroup_cpu_limit(tmp_path, tmp_path / "odd") is None
     root, me = tree(tmp_path, "0::/\n", {"cpu.max": f"{1000 * AFFINITY * 100000} 100000\n"})
     assert usable_cpus(root, me) == AFFINITY
     assert 1 <= usable_cpus() <= AFFINITY  # this machine's own

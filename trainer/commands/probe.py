@@ -16,9 +16,9 @@ Ridge for both, rather than logistic regression for classes, because it is solve
 exact, deterministic, and cheap enough to cross-validate its penalty (40 fits a task), where an
 iterative logistic fit (L-BFGS) cost seconds a fit. For comparing models, what matters is that
 every model is read by the same linear model. The fits run in float64 where the features are, on
-the encoder's device: on a GPU machine the CPU then does none of the arithmetic (its first GPU run
-spent 8-36 s a model and task on CPU fits and encodings that the GPU does in a fraction of that),
-and a fold's Gram matrix is formed once for all the penalties, the fit's largest cost.
+the encoder's device, so that on a GPU machine the CPU does none of the arithmetic (the ablation's
+second GPU run, with the fits still on the CPU, spent 8-36 s a model and task), and a fold's Gram
+matrix is formed once for all the penalties: it is the fit's largest cost.
 
 The penalty's weight is chosen from a fixed grid by 5-fold cross-validation on the training split
 (interleaved folds: the task files are shuffled, so each fold is a fair sample), by the task's own

@@ -4,8 +4,8 @@
 mask allows. In a container the process may be allowed less: a CPU quota (a Kubernetes pod's CPU limit,
 ``docker --cpus``, a cgroup a scheduler made) gives a group of processes so much CPU time per period,
 however many threads they start. Past the quota the kernel stops the whole group until the next period,
-and a parallel matrix product, which waits for its slowest thread at every step, runs many times slower
-than it would on as many threads as the quota allows. The commands that size their thread pools ask here.
+and a parallel matrix product, which waits for its slowest thread at every step, can run many times
+slower than on as many threads as the quota allows. The commands that size their thread pools ask here.
 
 Both cgroup versions are read: v2's ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD" for none) and v1's
 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 for none), in the process's own cgroup and every one above
@@ -38,6 +38,8 @@ def cgroup_cpu_limit(cgroup_root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_C
         return None
     limits = []
     for line in lines:
+        if line.count(":") < 2:  # "ID:CONTROLLERS:PATH"; nothing else is a cgroup line
+            continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2: one hierarchy, the cpu controller's files in each group
             limits += [v2_limit(group / "cpu.max") for group in groups(cgroup_root, path)]
