@@ -183,6 +183,11 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     printed = subprocess.run(merge_one, env=env, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert "seeds [0], learning rate 0.0003." in printed.stdout
 
+    # Each suite recorded every run in its work_dir, for a suite started again to reuse (evaluate-suite's test).
+    for name in ("suite-bert", "suite-minilm", "probe-bert", "probe-minilm"):
+        runs = json.loads((out / f"{name}.json").read_text())["runs"]
+        assert runs["reused"] == 0 and len(list((out / "work" / name).rglob("*.result.json"))) == runs["total"]
+
     # A call the guard stops returns what is done: a family whose scores are all there its report, the
     # other the scores it has (here: MiniLM's probe made to run again, and stopped 1 s in).
     with open(out / "runs.tsv", encoding="utf-8") as f:

@@ -85,7 +85,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert fitted >= 1 and measured[:fitted] == ["project", "project-unpadded", "naive"][:fitted], measured
     # the pieces in their order: the compiled bare step and the output layer's timings before every other case and step
     log = (tmp_path / "out-1" / "throughput.log").read_text()
-    pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===$", log, re.MULTILINE)
+    pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===", log, re.MULTILINE)
     assert [piece.strip() for piece in pieces] == [
         "steps --only project,project-unpadded,naive,tinybert-memory,sdpa",
         "cases --only headline",
@@ -157,6 +157,34 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         "The bare step's floor by category (benchmarks/step_floor.py" in (tmp_path / "out-2" / "summary.md").read_text()
     )
     assert "(benchmarks/compiled_floor.py; project-compiled)" in (tmp_path / "out-2" / "summary.md").read_text()
+
+
+def test_a_session_starts_no_piece_it_cannot_finish(tmp_path: Path, inputs: Path) -> None:
+    """Under ``MIN_START_S`` to the deadline train_throughput.py starts nothing; run.sh then does not start it
+    (its imports alone cost a GPU session ~10 s a piece), nor the GPU tests, and names each piece left out."""
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "SKIP_WHEELS": "1",
+        "GPU_CAMPAIGN_INPUTS": str(inputs),
+        "GPU_CAMPAIGN_STATE": str(tmp_path / "state"),
+        "GPU_RUN_BUDGET_S": "1",
+    }
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu/run.sh", str(out), "session"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    log = (out / "throughput.log").read_text()
+    assert len(re.findall(r"^=== throughput: .* === not started: -?\d+ s to the deadline$", log, re.MULTILINE)) == 4
+    assert not (out / "throughput.json").exists() and not (out / "tests.log").exists()  # nothing ran
+    summary = (out / "summary.md").read_text()
+    assert (
+        f"Pieces not started by run.sh, under {train_throughput.MIN_START_S} s to the deadline: steps --only "
+        in summary
+    )
+    assert summary.rstrip().endswith("; cases,steps.")
 
 
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:

@@ -76,6 +76,9 @@ EOF
 
 status=0
 left() { echo $((DEADLINE - $(date +%s))); }
+# train_throughput.py starts nothing with less than this to the deadline; read from it, its one owner
+MIN_START_S=$(sed -n 's/^MIN_START_S = \([0-9][0-9]*\).*/\1/p' benchmarks/gpu/train_throughput.py)
+NOT_STARTED=()  # the pieces run.sh did not start, too close to the deadline
 
 tests() {  # the GPU tests; in a session under the deadline (timeout stops pytest's whole process group)
     echo "=== GPU tests (pytest -m gpu tests/gpu) ==="
@@ -94,7 +97,14 @@ tests() {  # the GPU tests; in a session under the deadline (timeout stops pytes
 throughput() {  # throughput() PARTS [train_throughput.py arguments]: appends to the results
     local parts=$1
     shift
-    echo "=== throughput: $parts $* (benchmarks/gpu/train_throughput.py) ===" | tee -a "$RESULTS/throughput.log"
+    local piece="$parts${*:+ $*}"
+    local title="=== throughput: $piece (benchmarks/gpu/train_throughput.py) ==="
+    if [ "$MODE" = session ] && [ "$(left)" -lt "${MIN_START_S:?}" ]; then  # it would start nothing, after ~10 s of imports
+        echo "$title not started: $(left) s to the deadline" | tee -a "$RESULTS/throughput.log"
+        NOT_STARTED+=("$piece")
+        return
+    fi
+    echo "$title" | tee -a "$RESULTS/throughput.log"
     # THROUGHPUT_ARGS: e.g. "--only distilbert-512-mb32" to repeat one case with `cases` (not with `session`,
     # whose own --only it would override), or "--quick --work DIR" for the CPU dry run
     "$PY" benchmarks/gpu/train_throughput.py "$RESULTS" --data "$INPUTS" --parts "$parts" "${SESSION_ARGS[@]}" "$@" \
@@ -107,6 +117,8 @@ report() {  # summary.md from what RESULTS holds, and every file copied to OUTDI
         echo "# GPU campaign ($MODE), exit $status, this call $SECONDS s"
         grep -E "^(FAILED|ERROR)|passed|failed|stopped by the time guard" "$RESULTS/tests.log" 2>/dev/null | tail -20
         cat "$RESULTS/throughput.md" 2>/dev/null
+        [ ${#NOT_STARTED[@]} -eq 0 ] || printf '\nPieces not started by run.sh, under %s s to the deadline: %s.\n' \
+            "$MIN_START_S" "$(IFS=';' && echo "${NOT_STARTED[*]}" | sed 's/;/; /g')"
     } >"$RESULTS/summary.md"
     [ "$RESULTS" = "$OUTDIR" ] || cp "$RESULTS"/*.txt "$RESULTS"/*.log "$RESULTS"/*.xml "$RESULTS"/*.json \
         "$RESULTS"/*.md "$OUTDIR"/ 2>/dev/null

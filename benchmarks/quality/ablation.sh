@@ -261,11 +261,14 @@ score() {  # score FAMILY MLM_TEACHER SUITE_TEACHER STUDENT_RUN_DIR...
     local students=("${@/%//student}")
     start "mlm-$family" "$family" "held-out masked LM" "$PYTHON" -m trainer evaluate-mlm "${students[@]}" \
         data="$OUT/data" teacher="$mlm_teacher" "${MLM[@]}" output="$OUT/mlm-$family.json"
+    # work_dir: an interrupted suite, started again (ABLATION_RESUME), reuses the runs it recorded there
     start "suite-$family" "$family" "evaluation suite" "$PYTHON" -m trainer evaluate-suite "$suite_teacher" \
-        "${students[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-$family.json"
+        "${students[@]}" "${SUITE[@]}" mlflow.enabled=false output="$OUT/suite-$family.json" \
+        work_dir="$OUT/work/suite-$family"
     if [ ${#PROBE[@]} -gt 0 ]; then
         start "probe-$family" "$family" "evaluation suite, linear probe" "$PYTHON" -m trainer evaluate-suite \
-            "$suite_teacher" "${students[@]}" "${PROBE[@]}" mlflow.enabled=false output="$OUT/probe-$family.json"
+            "$suite_teacher" "${students[@]}" "${PROBE[@]}" mlflow.enabled=false output="$OUT/probe-$family.json" \
+            work_dir="$OUT/work/probe-$family"
     fi
 }
 if family minilm; then

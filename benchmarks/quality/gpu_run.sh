@@ -17,7 +17,8 @@
 #      default 540 s from this script's start: the device kills a command at 600 s, and the results must
 #      still be copied). The guard stops every process of the run; calling this again on the warm machine
 #      continues: finished steps (runs.tsv) are skipped, an interrupted training resumes from its last
-#      checkpoint (in the same output_dir), an interrupted evaluation starts again.
+#      checkpoint (in the same output_dir), an interrupted suite or probe reuses the runs it finished
+#      (evaluate-suite's work_dir), an interrupted evaluate-mlm starts again.
 # OUTDIR receives (8 files at most, what the device tool returns): progress.md (what is done, what was
 # running), runs.tsv, ablation-FAMILY.json for each family whose scores are done (also when the guard
 # stopped the other) and ablation.md (their table), else scores-FAMILY.tar (a plain tar of the family's

@@ -163,6 +163,35 @@ def test_a_run_whose_new_experiment_another_run_created_meanwhile_is_created(mlf
     assert client.get_run(tracker.run_id).info.experiment_id == client.get_experiment_by_name("meanwhile").experiment_id
 
 
+def test_a_run_created_before_its_parent_run_is_nested_once_the_parent_exists(mlflow_server):
+    """Task distillation opens its parent run and then a run per stage, each created by its own background
+    thread. With the server down at the start, both are created when it is back, in either order: here the
+    stage first (it retries sooner). It is nested all the same, under the parent's id once that exists."""
+    from mlflow import MlflowClient
+
+    from trainer.tracking.config import MlflowConfig
+    from trainer.tracking.tracker import RunSpec
+
+    mlflow_server.stop()
+    try:
+        late = MlflowConfig(tracking_uri=mlflow_server.uri, system_metrics=False, retry_initial_s=2, retry_max_s=2)
+        soon = MlflowConfig(tracking_uri=mlflow_server.uri, system_metrics=False, retry_initial_s=0.2, retry_max_s=0.4)
+        parent = Tracker(late, spec=RunSpec(experiment="nested-late", run_name="parent"))
+        stage = Tracker(soon, spec=RunSpec(experiment="nested-late", run_name="stage"), parent=parent)
+        assert parent.delivery.first_attempt.wait(30) and stage.delivery.first_attempt.wait(30)
+        assert parent.run_id is None and stage.run_id is None  # nothing listens: neither run exists yet
+    finally:
+        mlflow_server.start()
+    stage.log_metrics({"train/loss": 1.0}, 1)
+    stage.finish({})
+    parent.finish({})
+    client = MlflowClient(mlflow_server.uri)
+    parent_run, stage_run = client.get_run(parent.run_id), client.get_run(stage.run_id)
+    assert stage_run.info.start_time < parent_run.info.start_time  # the stage's run was created first
+    assert stage_run.data.tags["mlflow.parentRunId"] == parent.run_id
+    assert "mlflow.parentRunId" not in parent_run.data.tags and stage_run.data.metrics["train/loss"] == 1.0
+
+
 def test_dead_server_never_blocks_training(tmp_path, dead_tracking_uri, tiny_student_dir, capsys):
     """Nothing listens at the tracking URI: training calls return promptly, nothing raises, and the
     end of training prints the one command that registers the student later."""

@@ -10,8 +10,11 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from types import ModuleType
 
 import pytest
@@ -119,6 +122,57 @@ def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teach
     for model, tasks in one.items():
         for task, scores in tasks.items():
             assert two[model][task]["seeds"] == scores["seeds"], (model, task)
+
+
+def test_a_suite_run_again_with_its_work_dir_continues_where_it_stopped(tiny_teacher_dir, tmp_path, caplog):
+    """A suite killed (SIGKILL: nothing of it cleans up) once its first run is recorded, then run again with
+    the same ``work_dir``, reuses that run and runs the rest: its report equals, score by score, a suite's
+    never stopped. A record counts only for what it was made from: a changed model file, a changed setting
+    or a record that cannot be read runs that run again."""
+    copy = tmp_path / "copy"  # a second model whose files this test may change
+    shutil.copytree(tiny_teacher_dir, copy)
+    work = tmp_path / "work"
+    settings = ["tasks=[debian-size,wordnet-hypernym]", "train_size=16"]
+    settings += ["valid_size=8", "seeds=[0]", "epochs=1", "max_seq_len=32", "mlflow.enabled=false"]
+    common = [str(tiny_teacher_dir), str(copy), *settings]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same threads in every run: the same rounding
+
+    def suite(*args: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "trainer", "evaluate-suite", *common, *args]
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    stopped = suite(f"work_dir={work}", f"output={tmp_path / 'stopped.json'}")
+    while not list(work.rglob("*.result.json")) and stopped.poll() is None:
+        time.sleep(0.02)
+    stopped.send_signal(signal.SIGKILL)
+    stopped.communicate()
+    assert len(list(work.rglob("*.result.json"))) == 1 and not (tmp_path / "stopped.json").exists()
+
+    again = suite(f"work_dir={work}", f"output={tmp_path / 'again.json'}")
+    fresh = suite(f"output={tmp_path / 'fresh.json'}")  # no work_dir: nothing to reuse
+    logs = {}
+    for name, process in (("again", again), ("fresh", fresh)):
+        logs[name] = process.communicate()[1]
+        assert process.returncode == 0, logs[name]
+    assert len(re.findall(r"evaluate-suite: .* reused: .*\.result\.json", logs["again"])) == 1
+    assert len(re.findall(r"evaluate-suite: .* \| pid \d+", logs["again"])) == 3  # the runs it ran
+    again_report, fresh_report = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("again", "fresh"))
+    assert again_report["runs"] == {"total": 4, "reused": 1} and fresh_report["runs"] == {"total": 4, "reused": 0}
+    assert [m["tasks"] for m in again_report["models"]] == [m["tasks"] for m in fresh_report["models"]]
+
+    def reused(*args: str) -> int:
+        argv = [f"models=[{tiny_teacher_dir},{copy}]", *settings, f"work_dir={work}", f"output={tmp_path / 'r.json'}"]
+        cfg = load_config(SuiteConfig, None, [*argv, *args])
+        return evaluate_suite(cfg)["runs"]["reused"]
+
+    records = sorted(work.glob("model-0/*/*/*.result.json"))
+    records[0].write_text("{", encoding="utf-8")  # torn by hand: what an atomic write never leaves
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace("{", '{"note": 1, ', 1))
+    with caplog.at_level("INFO", logger="trainer.commands.evaluate_suite"):
+        assert reused() == 1  # the first model's other task; the copy's two ran again: its files changed
+    assert "cannot be read" in caplog.text and "recorded for another model_sha256" in caplog.text
+    assert reused() == 4 and reused("batch_size=8") == 0
+    assert reused("method=probe") == 0 and reused("method=probe") == 4  # a probe's runs are recorded too
 
 
 def test_lrs_score_each_task_at_its_best_rate(tiny_teacher_dir, tmp_path, capsys):

@@ -37,12 +37,21 @@ GLUE dev results are reported. One fixed rate favours one kind of model: measure
 MiniLM's pair task falls to chance at 5e-4, and a BERT trained here from scratch leaves chance only
 there (docs/quality.md). The pick is made on the validation split it reports, the same for every
 model, so a score is optimistic by the pick, more so with more rates.
+
+A suite stopped part way (a time limit, a lost machine) continues where it stopped when run again with the
+same ``work_dir``: each run's result is kept there as soon as it is known (``<run>.result.json`` beside the
+run's output, written atomically), with what it was computed from: the SHA-256 of the model's files and of
+the task's examples, and the run's settings. A run whose record matches is not run again (the log says
+``reused``, the JSON counts them under ``runs``); one whose model, examples or settings changed since, or
+whose record cannot be read, is run again. The code is not part of the record: after changing the
+fine-tuning or the probe, start from an empty ``work_dir``. Without ``work_dir`` every suite starts afresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -51,7 +60,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,7 +108,7 @@ class SuiteConfig:
     max_seq_len: int = 128
     jobs: int = 1  # fine-tunes at once, each in its own worker process (for a GPU; see the module's docstring)
     output: str = "evaluate-suite.json"
-    work_dir: str | None = None  # fine-tuned models and task subsets; None: a temporary directory, removed
+    work_dir: str | None = None  # fine-tuned models, task subsets, each run's result (a suite run again continues)
     mlflow: SuiteMlflowConfig = field(default_factory=SuiteMlflowConfig)
 
     def validate(self) -> None:
@@ -161,7 +170,8 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
             for task in tasks
             for lr in cfg.rates
         ]
-        timed = run_all(cfg, runs, tasks, data)
+        keys = run_keys(cfg, runs, local, data) if cfg.work_dir else {}  # a temporary work_dir keeps nothing
+        timed, reused = run_all(cfg, runs, tasks, data, keys)
     results = []
     for index, model in enumerate(cfg.models):
         mine = [(run, result) for run, result in zip(runs, timed, strict=True) if run.index == index]
@@ -174,6 +184,7 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
         totals = {key: round(sum(result[key] for _, result in mine), 1) for key in ("wall_s", "cpu_s")}
         results.append({"model": model, "scores": scores, **totals})
     report = summarise(cfg, tasks, results)
+    report["runs"] = {"total": len(runs), "reused": reused}
     write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     for entry in report["models"]:
         track(cfg, entry, report)
@@ -235,25 +246,111 @@ class Run:
 
 
 def run_all(
-    cfg: SuiteConfig, runs: list[Run], tasks: dict[str, dict[str, Any]], data: dict[str, dict[str, Path]]
-) -> list[dict[str, float]]:
-    """Each run's result (``timed_run``), in the order of ``runs``: one after another in this process,
-    or ``cfg.jobs`` at a time in fresh worker processes."""
+    cfg: SuiteConfig,
+    runs: list[Run],
+    tasks: dict[str, dict[str, Any]],
+    data: dict[str, dict[str, Path]],
+    keys: dict[Run, dict[str, Any]],
+) -> tuple[list[dict[str, float]], int]:
+    """Each run's result (``timed_run``), in the order of ``runs``, and how many were reused: a run with a
+    key whose recorded result matches it is not run again; the others run one after another in this
+    process, or ``cfg.jobs`` at a time in fresh worker processes, and each result is recorded (under its
+    key, if it has one) as soon as it is known, whatever happens to the runs after it."""
+    results = {run: kept for run in runs if run in keys and (kept := recorded(run, keys[run])) is not None}
+    for run, result in results.items():
+        log.info(
+            "evaluate-suite: %s | %s | seed %d | lr %g | score %.4f reused: %s",
+            run.model,
+            run.task,
+            run.seed,
+            run.lr,
+            result["score"],
+            result_path(run),
+        )
+    todo = [run for run in runs if run not in results]
+
+    def finished(run: Run, result: dict[str, float]) -> None:
+        if run in keys:
+            record = {"key": keys[run], "result": result}
+            result_path(run).parent.mkdir(parents=True, exist_ok=True)  # a probe writes nothing else there
+            write_text_atomically(result_path(run), json.dumps(record, indent=2) + "\n")
+        results[run] = log_run(cfg, run, tasks[run.task], result)
+
     cpus = usable_cpus()  # the workers share the CPUs, not oversubscribe them (nor a container's quota)
     if cfg.jobs == 1:
         limit_threads(cpus)
-        return [
-            log_run(cfg, run, tasks[run.task], timed_run(cfg, run, tasks[run.task], data[run.task])) for run in runs
-        ]
-    threads = max(1, cpus // cfg.jobs)
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(cfg.jobs, mp_context=spawn, initializer=worker_init, initargs=(threads,)) as pool:
-        futures = [pool.submit(timed_run, cfg, run, tasks[run.task], data[run.task]) for run in runs]
-        try:
-            return [log_run(cfg, run, tasks[run.task], f.result()) for run, f in zip(runs, futures, strict=True)]
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # a failed run stops the suite: start no other
-            raise
+        for run in todo:
+            finished(run, timed_run(cfg, run, tasks[run.task], data[run.task]))
+    elif todo:
+        threads = max(1, cpus // cfg.jobs)
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(cfg.jobs, mp_context=spawn, initializer=worker_init, initargs=(threads,)) as pool:
+            futures = {pool.submit(timed_run, cfg, run, tasks[run.task], data[run.task]): run for run in todo}
+            try:
+                for future in as_completed(futures):
+                    finished(futures[future], future.result())
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # a failed run stops the suite: start no other
+                raise
+    return [results[run] for run in runs], len(runs) - len(todo)
+
+
+def run_keys(
+    cfg: SuiteConfig, runs: list[Run], local: list[str], data: dict[str, dict[str, Path]]
+) -> dict[Run, dict[str, Any]]:
+    """What each run's result depends on, to recognise it in a ``work_dir`` run again: the model's files
+    and the task's example files by their SHA-256 (each hashed once), and the run's settings."""
+    models = [files_sha256(Path(model), sorted(p for p in Path(model).rglob("*") if p.is_file())) for model in local]
+    examples = {
+        name: files_sha256(paths["train"].parent, [paths["train"], paths["validation"]]) for name, paths in data.items()
+    }
+    settings = {key: getattr(cfg, key) for key in ("method", "epochs", "batch_size", "max_seq_len")}
+    return {
+        run: {
+            **settings,
+            "model_sha256": models[run.index],
+            "task": run.task,
+            "task_sha256": examples[run.task],
+            "seed": run.seed,
+            "lr": run.lr,
+        }
+        for run in runs
+    }
+
+
+def files_sha256(root: Path, paths: list[Path]) -> str:
+    """One SHA-256 over the files' names (relative to ``root``) and their bytes, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def result_path(run: Run) -> Path:
+    return run.out.with_name(f"{run.out.name}.result.json")
+
+
+def recorded(run: Run, key: dict[str, Any]) -> dict[str, float] | None:
+    """The result recorded for ``run`` if its record was made under ``key``; else None, and why is logged."""
+    path = result_path(run)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        kept = record["key"]
+        changed = sorted(name for name in key.keys() | kept.keys() if kept.get(name) != key.get(name))
+        result = record["result"]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        log.warning("evaluate-suite: %s cannot be read (%r): the run is run again", path, error)
+        return None
+    if changed:
+        log.info("evaluate-suite: %s was recorded for another %s: the run is run again", path, ", ".join(changed))
+        return None
+    return result
 
 
 def worker_init(threads: int) -> None:

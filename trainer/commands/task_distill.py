@@ -511,7 +511,8 @@ class StageRuns:
     """One parent run for the task distillation, a child run per stage (MLflow's ``mlflow.parentRunId``
     tag nests them in the UI). Their ids live in the checkpoint, so a resumed run continues them: a run
     the server created only after ``mlflow.start_timeout_s`` (in the background) too, from the next
-    checkpoint on (:meth:`record_ids`). A stage opened before its parent run existed is not nested."""
+    checkpoint on (:meth:`record_ids`). A stage opened before its parent run existed is nested once it does
+    (:meth:`Tracker.nest`)."""
 
     def __init__(
         self,
@@ -537,10 +538,10 @@ class StageRuns:
         )
         self.parent = self.open("parent", spec)
 
-    def open(self, name: str, spec: RunSpec) -> Tracker | NullTracker:
+    def open(self, name: str, spec: RunSpec, parent: Tracker | None = None) -> Tracker | NullTracker:
         if not self.ranks.leader or not self.cfg.mlflow.tracks:
             return NullTracker(self.cfg.mlflow)
-        tracker = Tracker(self.cfg.mlflow, spec=spec, run_id=self.run_ids.get(name))
+        tracker = Tracker(self.cfg.mlflow, spec=spec, run_id=self.run_ids.get(name), parent=parent)
         tracker.delivery.first_attempt.wait(self.cfg.mlflow.start_timeout_s)  # the id goes into checkpoints
         self.opened[name] = tracker
         self.record_ids()
@@ -553,8 +554,8 @@ class StageRuns:
 
     def stage(self, stage: str) -> Tracker | NullTracker:
         """The child run of ``stage``: its section's params, nested under the parent."""
-        parent_id = self.parent.run_id
-        tags = {**self.tags, "stage": stage, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
         params = {key: str(value) for key, value in flatten(to_dict(getattr(self.cfg, stage))).items()}
         name = f"{self.cfg.mlflow.run_name or 'task-distill'}/{stage}"
-        return self.open(stage, RunSpec(experiment=self.cfg.mlflow.experiment, run_name=name, params=params, tags=tags))
+        tags = {**self.tags, "stage": stage}
+        spec = RunSpec(experiment=self.cfg.mlflow.experiment, run_name=name, params=params, tags=tags)
+        return self.open(stage, spec, parent=self.parent if isinstance(self.parent, Tracker) else None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,16 +81,22 @@ class Tracker:
 
     ``spec`` given: this process records the run (creating it, or resuming ``run_id``).
     ``spec`` None: a follower that only adds this node's system metrics to the existing ``run_id``.
+    ``parent`` given: the run is nested under the parent's (MLflow's ``mlflow.parentRunId`` tag), also when
+    the parent's run does not exist yet (the server was late or down): the tag is set in the background
+    once it does (:meth:`nest`).
     """
 
-    def __init__(self, cfg: MlflowConfig, *, spec: RunSpec | None, run_id: str | None = None) -> None:
+    def __init__(
+        self, cfg: MlflowConfig, *, spec: RunSpec | None, run_id: str | None = None, parent: Tracker | None = None
+    ) -> None:
         self.cfg = cfg
         self.spec = spec
         self.run_id = run_id
+        self.parent = parent
         self.tracking_uri = resolve_tracking_uri(cfg)
         self.last_step = 0
         limit_http_retries(cfg)
-        setup = [] if spec is None else [self.open_run, self.log_params, self.log_artifacts]
+        setup = [] if spec is None else [self.open_run, self.nest, self.log_params, self.log_artifacts]
         self.delivery = Delivery(cfg, self.tracking_uri, setup=setup, run_id=lambda: self.run_id)
         atexit.register(self.close_at_exit)
 
@@ -163,6 +170,23 @@ class Tracker:
         run = client.create_run(experiment_id, run_name=spec.run_name, tags=spec.tags)
         self.run_id = run.info.run_id
         log.info("MLflow: run %s in experiment %r at %s", self.run_id, spec.experiment, self.tracking_uri)
+
+    def nest(self, client: Any) -> None:
+        """Tag the run with its parent's id, once the parent's run exists: the parent's own thread creates
+        it, perhaps after this one (a server late or down delays both). Waits here, in the background,
+        while the parent's setup is still trying, at most one backoff interval and one request; a parent
+        whose creation was refused, or still missing then, leaves the run where it is, not nested."""
+        if self.parent is None:
+            return
+        from mlflow.entities import RunTag
+
+        parent, waited = self.parent, time.monotonic() + self.cfg.retry_max_s + self.cfg.request_timeout_s
+        while parent.run_id is None and not parent.delivery.set_up and time.monotonic() < waited:
+            time.sleep(0.1)
+        if parent.run_id is None:
+            log.warning("MLflow: run %s is not nested: its parent run does not exist", self.run_id)
+            return
+        client.log_batch(self.run_id, tags=[RunTag("mlflow.parentRunId", parent.run_id)])
 
     def log_params(self, client: Any) -> None:
         """Log the params; on resume only the new ones (MLflow refuses to change a param)."""
