@@ -176,12 +176,12 @@ class Tracker:
         it, perhaps after this one (a server late or down delays both). Waits here, in the background,
         while the parent's setup is still trying, at most one backoff interval and one request; a parent
         whose creation was refused, or still missing then, leaves the run where it is, not nested."""
-        if self.parent is None:
+        if self.parent is None or self.run_id is None:  # no parent, or this run's creation was refused
             return
         from mlflow.entities import RunTag
 
-        parent, waited = self.parent, time.monotonic() + self.cfg.retry_max_s + self.cfg.request_timeout_s
-        while parent.run_id is None and not parent.delivery.set_up and time.monotonic() < waited:
+        parent, deadline = self.parent, time.monotonic() + self.cfg.retry_max_s + self.cfg.request_timeout_s
+        while parent.run_id is None and not parent.delivery.set_up and time.monotonic() < deadline:
             time.sleep(0.1)
         if parent.run_id is None:
             log.warning("MLflow: run %s is not nested: its parent run does not exist", self.run_id)
