@@ -79,7 +79,7 @@ def test_a_one_process_suite_runs_no_more_threads_than_the_quota_allows(monkeypa
     torch.set_num_threads(2)
     try:
         cfg = evaluate_suite.SuiteConfig(models=["unused"], jobs=1)
-        assert evaluate_suite.run_all(cfg, [], {}, {}) == []
+        assert evaluate_suite.run_all(cfg, [], {}, {}, {}) == ([], 0)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
