@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages test lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
+.PHONY: setup slurm-packages test test-all lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,17 @@ slurm-packages:
 		fi; \
 	fi
 
-test: setup slurm-packages
+# Two tiers (tests/tiers.py). `make test`: ruff and the fast tier, every test not marked `full`, each held to
+# FAST_LIMIT_S (a test over it fails and says to mark it `full`). `make test-all` (CI): the fast tier, then
+# the full tier.
+FAST_LIMIT_S ?= 15
+
+test: setup
 	$(VENV)/bin/ruff check .
-	DS_ACCELERATOR=cpu $(PY) -m pytest -q
+	DS_ACCELERATOR=cpu $(PY) -m pytest -q -m "not full" --fast-tier-limit=$(FAST_LIMIT_S)
+
+test-all: test slurm-packages
+	DS_ACCELERATOR=cpu $(PY) -m pytest -q -m full
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import run_cli
+from common.cli import exit_process, run_cli
 
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
 if args[:1] == ["task-distill"]:
@@ -27,4 +27,4 @@ elif args[:1] == ["finetune"]:
     args = args[1:]
 else:
     from trainer.commands.train import main
-sys.exit(run_cli(main, args))
+exit_process(run_cli(main, args))  # without the last garbage collection: common/fast_exit.py

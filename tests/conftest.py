@@ -24,6 +24,8 @@ from helpers import (
 )
 from helpers import bert_tokenizer_dir as tokenizer_dir
 
+pytest_plugins = ("tiers",)  # the fast and full tiers, and the fast tier's guard
+
 
 @pytest.fixture(scope="session")
 def bert_tokenizer_dir() -> Path:

@@ -313,9 +313,9 @@ def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path, inputs: Path) -> None:
     skipped = [case.get("name") for case in suite.iter("testcase") if case.find("skipped") is not None]
     assert skipped == ["test_fp16_overflowing_steps_are_skipped_not_fatal"]  # fp16 loss scaling: CUDA only
     assert int(suite.get("tests")) - len(skipped) >= 11 and suite.get("failures") == suite.get("errors") == "0"
-    # every run some selected test reads was launched, and the CUDA-only one was not
+    # every run some selected test reads was launched; not the CUDA-only one, nor the GPU's run-to-run spread
     launched = {p.name for p in (base / "runs0").iterdir() if p.is_dir()}
-    assert launched == {"zero1", "zero2", "zero3", "again", "resumed", "offload"}
+    assert launched == {"zero1", "zero2", "zero3", "resumed", "offload"}
 
 
 def test_append_measures_again_what_the_deadline_stopped_or_what_failed() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from common.cli import run_cli
+from common.cli import exit_process, run_cli
 
 COMMANDS = {
     "train": ("trainer.commands.train", "distil a student (normally started by `deepspeed launch/run.sh`)"),
@@ -42,4 +42,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

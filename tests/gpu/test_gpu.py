@@ -243,7 +243,12 @@ def test_fp16_overflowing_steps_are_skipped_not_fatal(launched: Callable[[str], 
     check_fp16_overflows_were_skipped(launched("fp16"), 40)
 
 
-@uses("zero2", "again", "resumed")
+# The second uninterrupted run measures the GPU's run-to-run spread; a CPU rank has none to measure (its
+# losses repeat bit for bit: docs/training.md), so the dry run on CPU launches no such run.
+SPREAD_RUN = ("again",) if ON == "cuda" else ()
+
+
+@uses("zero2", "resumed", *SPREAD_RUN)
 def test_killed_run_resumes_to_the_same_losses(launched: Callable[[str], Path]) -> None:
     """Killed two steps after a checkpoint and relaunched, a run continues to the same losses.
 
@@ -252,8 +257,10 @@ def test_killed_run_resumes_to_the_same_losses(launched: Callable[[str], Path]) 
     bit-identical (up to 1e-6 relative); where some reduction is not (atomics in attention's backward),
     the resumed run may differ by as much as two uninterrupted runs do, with a margin of 4x. A resume
     that restored the wrong data position, optimizer state or schedule moves the losses by percent.
+    On a CPU rank the spread is 0 without measuring it.
     """
-    reference, again, resumed = (train_losses(launched(name), LOSS_KEYS) for name in ("zero2", "again", "resumed"))
+    reference, resumed = (train_losses(launched(name), LOSS_KEYS) for name in ("zero2", "resumed"))
+    again = train_losses(launched("again"), LOSS_KEYS) if SPREAD_RUN else reference
     assert sorted(resumed) == sorted(reference)
     for step in reference:
         for key, value in reference[step].items():
@@ -318,8 +325,11 @@ def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
         return held_out, probed
 
     here, probed = scores(ON)
+    assert here["device"].startswith(ON)
+    if ON != "cuda":  # the dry run on a CPU: what runs where is checked above; the CPU is its own reference
+        return
     reference, probed_on_cpu = scores("cpu")
-    assert here["device"].startswith(ON) and reference["device"] == "cpu"
+    assert reference["device"] == "cpu"
     [a], [b] = here["models"], reference["models"]
     assert a["masked_tokens"] == b["masked_tokens"] > 0
     assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)

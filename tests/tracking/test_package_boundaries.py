@@ -50,18 +50,22 @@ def test_every_module_imports_without_deepspeed_or_the_training_side():
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
-def test_pull_runs_without_deepspeed():
-    body = """
+def test_pull_runs_without_deepspeed(mlflow_server, tiny_student_dir, tmp_path):
+    """A real pull of a registered student from the MLflow server, in a process where DeepSpeed cannot be imported."""
+    from trainer.tracking.registry import register_student
+
+    register_student(tiny_student_dir, name="boundary", alias="laptop", run_id=None, tracking_uri=mlflow_server.uri)
+    dest = tmp_path / "pulled"
+    body = f"""
 from trainer.__main__ import main
-try:
-    main(["pull", "--help"])
-except SystemExit as exit:
-    assert exit.code == 0, exit.code
+assert main(["pull", "models:/boundary@laptop", {str(dest)!r}, "--tracking-uri", {mlflow_server.uri!r}]) == 0
 """
     done = run_blocked(body)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "usage: python -m trainer pull" in done.stdout
-    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert "models:/boundary@laptop (version 1)" in done.stdout
+    assert json.loads(done.stdout.splitlines()[-1]) == []  # nothing of DeepSpeed or the training side was loaded
+    assert json.loads((dest / "mlflow_source.json").read_text())["version"] == "1"
+    assert (dest / "model.safetensors").read_bytes() == (tiny_student_dir / "model.safetensors").read_bytes()
 
 
 def imported_names(path: Path) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -149,21 +150,38 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(teacher, general_stude
     assert resumed["best_step"] == json.loads((tmp_path / "whole" / "metrics.json").read_text())["best_step"]
 
 
-def test_sentence_pairs_and_regression(tiny_teacher_dir, general_student, tmp_path):
-    rows = [json.loads(line) for line in DOCS.read_text().splitlines()][:80]
+def test_sentence_pairs_read_the_second_segment(tiny_teacher_dir, general_student, tmp_path):
+    """Each example's label is that of its second segment, drawn at random from the docs: a student that
+    did not read the pair would score chance (0.5; one standard error 0.065 on the 60 held out)."""
+    rows = [json.loads(line) for line in DOCS.read_text().splitlines()]
+    draw = random.Random(0)
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({**r, "second": rows[-i - 1]["text"]}) + "\n" for i, r in enumerate(rows)))
-    pair_teacher = fine_tuned(tiny_teacher_dir, pairs, tmp_path / "pair-teacher", text_pair_column="second")
-    result = run(settings(pair_teacher, general_student, tmp_path / "pair", data=str(pairs), text_pair_column="second"))
-    assert 0 <= result["accuracy"] <= 1
-
-    scores = tmp_path / "scores.jsonl"
-    scores.write_text("".join(json.dumps({"text": r["text"], "label": len(r["text"]) / 100}) + "\n" for r in rows))
-    regression_teacher = fine_tuned(tiny_teacher_dir, scores, tmp_path / "reg-teacher", task="regression")
-    values = settings(regression_teacher, general_student, tmp_path / "reg", data=str(scores), task="regression")
-    values["predictions"] = {"epochs": 1, "lr": 1e-3, "soft": 0.0, "mse": 1.0}
+    with pairs.open("w") as out:
+        for row in rows:
+            second = rows[draw.randrange(len(rows))]
+            out.write(json.dumps({"text": row["text"], "second": second["text"], "label": second["label"]}) + "\n")
+    pair_teacher = fine_tuned(
+        tiny_teacher_dir, pairs, tmp_path / "pair-teacher", text_pair_column="second", epochs=3, lr=1e-3
+    )
+    values = settings(pair_teacher, general_student, tmp_path / "pair", data=str(pairs), text_pair_column="second")
+    values["predictions"] = {**values["predictions"], "epochs": 4, "lr": 3e-3}
     result = run(values)
-    assert -1 <= result["pearson"] <= 1
+    assert result["total"] == 60 and result["accuracy"] > 0.7, result  # measured: 0.82
+
+
+def test_regression_distils_a_learnable_target(tiny_teacher_dir, general_student, tmp_path):
+    """The docs' topic as a number (0 or 1): the student, trained on its teacher's outputs alone (MSE), predicts
+    it on the 60 held out with a Pearson r no untrained model reaches by chance (one standard error 0.13)."""
+    rows = [json.loads(line) for line in DOCS.read_text().splitlines()]
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps({"text": r["text"], "label": float(r["label"])}) + "\n" for r in rows))
+    regression_teacher = fine_tuned(
+        tiny_teacher_dir, scores, tmp_path / "reg-teacher", task="regression", epochs=3, lr=1e-3
+    )
+    values = settings(regression_teacher, general_student, tmp_path / "reg", data=str(scores), task="regression")
+    values["predictions"] = {"epochs": 4, "lr": 3e-3, "soft": 0.0, "mse": 1.0}
+    result = run(values)
+    assert result["total"] == 60 and result["pearson"] > 0.3, result  # measured: 0.40
     from transformers import AutoModelForSequenceClassification
 
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "reg" / "model").config.num_labels == 1

@@ -1,0 +1,123 @@
+"""The test tiers' time on a clean clone: `make test` (the fast tier) and the full tier after it, as CI runs them.
+
+    python3 benchmarks/suite_time.py --out docs/test-suite/suite-time.json [--clone DIR]
+    python3 benchmarks/suite_time.py --table docs/test-suite/suite-time.json
+
+Clones this repository's HEAD into DIR (a temporary directory by default), builds its ``.venv`` with
+``make setup`` (timed apart), then runs the two tiers as ``make test-all`` does (the fast tier with
+``make test``, then the rest), each with a JUnit report, and records each tier's wall time,
+its test count and its ten slowest tests (setup, call and teardown together). ``--table`` prints the
+markdown table of a result file (docs/benchmarks.md, "The test suite's time").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+REPO = Path(__file__).resolve().parents[1]
+SLOWEST = 10
+
+
+def run_make(clone: Path, args: list[str], report: Path) -> tuple[float, int]:
+    """``make ARGS`` in the clone, its pytest writing a JUnit report; returns (seconds, exit code)."""
+    env = {**os.environ, "PYTEST_ADDOPTS": f"--junitxml={report}"}
+    started = time.monotonic()
+    rc = subprocess.run(["make", *args], cwd=clone, env=env).returncode
+    return time.monotonic() - started, rc
+
+
+def tests_of(report: Path) -> dict[str, float]:
+    """Each test case's seconds (pytest's JUnit ``time``: setup, call and teardown) in a JUnit report."""
+    root = ElementTree.parse(report).getroot()
+    return {
+        f"{case.get('classname')}::{case.get('name')}": float(case.get("time", 0)) for case in root.iter("testcase")
+    }
+
+
+def summary(report: Path, seconds: float, rc: int) -> dict:
+    tests = tests_of(report)
+    root = ElementTree.parse(report).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    slowest = sorted(tests.items(), key=lambda kv: -kv[1])[:SLOWEST]
+    return {"seconds": round(seconds, 1), "exit_code": rc, **counts, "slowest": [[n, round(s, 1)] for n, s in slowest]}
+
+
+def cpu_model() -> str:
+    names = re.findall(r"^model name\s*: (.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    return names[0] if names else "unknown"
+
+
+def measure(clone: Path) -> dict:
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    started = time.monotonic()
+    subprocess.run(["make", "setup"], cwd=clone, check=True)
+    setup_s = time.monotonic() - started
+    # `make test-all` runs `make test` first, then the full tier: here as two makes, each tier with its report
+    # (`-o test`: the second make takes the fast tier as done).
+    fast_s, fast_rc = run_make(clone, ["test"], clone / "fast.xml")
+    full_s, full_rc = run_make(clone, ["-o", "test", "test-all"], clone / "full.xml")
+    return {
+        "command": " ".join(["python3 benchmarks/suite_time.py", *sys.argv[1:]]),
+        "commit": commit,
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        "setup_seconds": round(setup_s, 1),
+        "tiers": {
+            "fast": summary(clone / "fast.xml", fast_s, fast_rc),
+            "full": summary(clone / "full.xml", full_s, full_rc),
+        },
+        "both_tiers_seconds": round(fast_s + full_s, 1),
+    }
+
+
+def table(result: dict) -> str:
+    fast, full = result["tiers"]["fast"], result["tiers"]["full"]
+    lines = [
+        "| tier | command | tests (skipped) | wall time |",
+        "|---|---|---|---|",
+        f"| fast | `make test` (ruff, then the fast tier) | {fast['tests']} ({fast['skipped']}) | "
+        f"{fast['seconds'] / 60:.1f} min |",
+        f"| full | the rest of `make test-all` | {full['tests']} ({full['skipped']}) | "
+        f"{full['seconds'] / 60:.1f} min |",
+        f"| both | `make test-all` (what CI runs) | {fast['tests'] + full['tests']} | "
+        f"{result['both_tiers_seconds'] / 60:.1f} min |",
+        "",
+    ]
+    for name, tier in (("fast", fast), ("full", full)):
+        lines += [f"The {name} tier's ten slowest tests (setup, call and teardown):", ""]
+        lines += ["| test | seconds |", "|---|---|"] + [f"| `{test}` | {s:.1f} |" for test, s in tier["slowest"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the result JSON here")
+    parser.add_argument("--clone", type=Path, help="clone into this (new) directory; default: a temporary one")
+    parser.add_argument("--table", type=Path, help="print the markdown table of this result file, and exit")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
+        result = measure(args.clone or Path(tmp) / "clone")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    failed = [name for name, tier in result["tiers"].items() if tier["exit_code"] != 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The fast tier's guard (tests/tiers.py), run by pytest on a small suite of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ("pytester",)
+
+TESTS = Path(__file__).resolve().parent
+
+SUITE = """
+import time
+import pytest
+
+@pytest.fixture
+def slow_own_fixture():
+    time.sleep(0.6)
+
+@pytest.fixture(scope="session")
+def slow_shared_fixture():
+    time.sleep(0.6)
+
+def test_quick():
+    pass
+
+def test_slow_call():
+    time.sleep(0.6)
+
+def test_slow_own_fixture(slow_own_fixture):
+    pass
+
+def test_slow_shared_fixture(slow_shared_fixture):
+    pass
+
+@pytest.mark.fast_budget(5)
+def test_slow_within_its_budget():
+    time.sleep(0.6)
+
+def test_failing_on_its_own():
+    assert False, "its own failure"
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\npytest_plugins = ('tiers',)\n")
+    pytester.makeini("[pytest]\nmarkers =\n    fast_budget(seconds): allowed more than the limit\n")
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def test_a_test_over_the_limit_fails_and_tells_its_author_to_mark_it_full(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--fast-tier-limit=0.3")
+    result.assert_outcomes(passed=3, failed=3)
+    failed = {line.split("::")[1].split(" ")[0] for line in result.outlines if line.startswith("FAILED")}
+    # the call and the test's own fixture count; a shared fixture, paid once for everyone, does not
+    assert failed == {"test_slow_call", "test_slow_own_fixture", "test_failing_on_its_own"}
+    result.stdout.fnmatch_lines(
+        [
+            "*test_slow_call passed but took 0.6 s (call and own fixtures), over the fast tier's limit of 0.3 s.*",
+            "Mark it @pytest.mark.full to run it in the full tier (make test-all)*",
+        ]
+    )
+    assert "its own failure" in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*fast tier: 6 tests in * s (target 480 s on 2 cores)",
+            "per-test limit 0.3 s (call and own fixtures); over it: 2",
+            "  shared fixture slow_shared_fixture (session): 0.6 s",
+        ]
+    )
+
+
+def test_a_fast_budget_is_itself_a_limit(suite: pytest.Pytester) -> None:
+    suite.makepyfile(
+        test_budget="import time, pytest\n\n@pytest.mark.fast_budget(0.2)\ndef test_t():\n    time.sleep(0.5)\n"
+    )
+    result = suite.runpytest("--fast-tier-limit=10", "test_budget.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*over its fast_budget of 0.2 s*"])
+
+
+def test_without_a_limit_nothing_is_guarded_or_summarised(suite: pytest.Pytester) -> None:
+    result = suite.runpytest()
+    result.assert_outcomes(passed=5, failed=1)
+    assert "fast tier:" not in result.stdout.str()

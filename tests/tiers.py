@@ -1,0 +1,112 @@
+"""The two test tiers, and the guard that keeps the fast one fast.
+
+``make test`` runs the fast tier: every test not marked ``full``, with ``--fast-tier-limit=SECONDS``.
+``make test-all`` runs it, then the ``full`` tier. A test belongs in the fast tier when it runs within
+the limit; it is marked ``@pytest.mark.full`` when it does not. A handful of fast-tier tests are the
+tier's one real run of a part that cannot start within the limit (the deepspeed launcher's kill and
+resume, ...): they say so with ``@pytest.mark.fast_budget(SECONDS)``, and the guard holds them to that.
+
+What the guard counts against a test: its call and the fixtures of its own (function scope). A shared
+fixture (module or session scope: the tiny dataset's Beam pipeline, the MLflow server) is paid once by
+whichever test needs it first, so it is not that test's cost; the summary lists the costliest of them.
+The fast tier's whole time is printed at the end beside its target (docs/benchmarks.md, "The test
+suite's time").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+# The fast tier's target on a clean 2-core machine (`make test`, .venv built): the issue that made the tiers.
+FAST_TIER_TARGET_S = 8 * 60
+
+OWN_FIXTURES_S = pytest.StashKey[float]()
+FUNCTION_SCOPE = "function"
+
+
+@dataclass
+class Session:
+    """What the guard measured in this session."""
+
+    limit: float | None
+    started: float
+    shared: dict[str, float] = field(default_factory=dict)  # shared fixture -> seconds of its setup
+    tests: dict[str, float] = field(default_factory=dict)  # test -> seconds counted against it
+    over: list[str] = field(default_factory=list)  # tests the guard failed
+
+
+SESSION = pytest.StashKey[Session]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast-tier-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail a test that takes longer than SECONDS (its call and its own fixtures): the fast tier's guard",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[SESSION] = Session(limit=config.getoption("fast_tier_limit"), started=time.monotonic())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    # Dependencies are set up before this hook is called for a fixture, so the times do not nest.
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    if fixturedef.scope == FUNCTION_SCOPE:
+        item = request.node
+        item.stash[OWN_FIXTURES_S] = item.stash.get(OWN_FIXTURES_S, 0.0) + seconds
+    else:
+        session = request.config.stash[SESSION]
+        session.shared[f"{fixturedef.argname} ({fixturedef.scope})"] = seconds
+
+
+def allowed_seconds(item: pytest.Item, limit: float) -> float:
+    budget = item.get_closest_marker("fast_budget")
+    return float(budget.args[0]) if budget else limit
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call":
+        return
+    session = item.config.stash[SESSION]
+    seconds = report.duration + item.stash.get(OWN_FIXTURES_S, 0.0)
+    session.tests[item.nodeid] = seconds
+    if session.limit is None or not report.passed:
+        return
+    allowed = allowed_seconds(item, session.limit)
+    if seconds > allowed:
+        session.over.append(item.nodeid)
+        report.outcome = "failed"
+        kind = "its fast_budget" if item.get_closest_marker("fast_budget") else "the fast tier's limit"
+        report.longrepr = (
+            f"{item.nodeid} passed but took {seconds:.1f} s (call and own fixtures), over {kind} of {allowed:g} s.\n"
+            "Mark it @pytest.mark.full to run it in the full tier (make test-all), or make it faster; "
+            "tests/tiers.py says which tests belong where."
+        )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash[SESSION]
+    if session.limit is None:
+        return
+    wall = time.monotonic() - session.started
+    write = terminalreporter.write_line
+    terminalreporter.section("fast tier")
+    write(f"fast tier: {len(session.tests)} tests in {wall:.0f} s (target {FAST_TIER_TARGET_S} s on 2 cores)")
+    write(f"per-test limit {session.limit:g} s (call and own fixtures); over it: {len(session.over)}")
+    for name, seconds in sorted(session.shared.items(), key=lambda kv: -kv[1])[:5]:
+        write(f"  shared fixture {name}: {seconds:.1f} s")
+    if wall > FAST_TIER_TARGET_S:
+        write(f"the fast tier took longer than its target of {FAST_TIER_TARGET_S} s: move its slowest tests to full")
