@@ -91,6 +91,7 @@ def model_flops(cfg: TrainConfig, micro_batch: int) -> float:
     return per_token * micro_batch * SEQ
 
 
+@pytest.mark.full
 def test_the_compiled_step_moves_fewer_bytes_than_the_eager_one_and_grows_along_the_batch(
     tiny_distilbert: TrainConfig,
 ) -> None:

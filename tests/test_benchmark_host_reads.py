@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +30,7 @@ def census(tmp_path: Path, teacher: Path, data: Path, *overrides: str) -> tuple[
     return [line for line in reads.splitlines()[1:] if line.strip()], ops.splitlines()[2:]
 
 
+@pytest.mark.full
 def test_the_engine_step_has_no_full_device_sync_and_our_loop_reads_nothing(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:

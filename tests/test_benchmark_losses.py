@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import losses
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_eager_and_compiled_losses_agree_on_a_steps_shapes(dtype: str, capsys: pytest.CaptureFixture) -> None:
     argv = ["--batch=2", "--seq-len=40", "--vocab=300", "--hidden=16", "--steps=2", "--warmup=1", "--device=cpu"]

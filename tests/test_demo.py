@@ -20,6 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.full
 @pytest.mark.integration
 def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     out = tmp_path / "demo"
@@ -60,7 +61,10 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
 
     assert "[MASK] module at boot." in proc.stdout and "->" in proc.stdout  # the fill-mask example ran
     result = json.loads((out / "finetune" / "metrics.json").read_text())
-    assert 0.0 <= result["accuracy"] <= 1.0 and result["total"] == 160
+    # Python docs vs Linux docs, balanced: chance is 0.5 (one standard error 0.04 on the 160 held out); MiniLM's
+    # first 3 layers, untrained, fine-tuned alike for one epoch, scored 0.825.
+    assert result["total"] == 160 and result["correct"] / 160 == result["accuracy"] > 0.65, result
+    assert f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/160)" in proc.stdout
     assert "mlflow ui --backend-store-uri" in proc.stdout  # ends by saying what to run next
 
     # The student and its teacher on one suite task, side by side, from the suite's own report.

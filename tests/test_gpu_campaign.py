@@ -63,6 +63,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return inputs
 
 
+@pytest.mark.full
 @pytest.mark.integration
 def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp_path: Path, inputs: Path) -> None:
     env = {
@@ -159,6 +160,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert "(benchmarks/compiled_floor.py; project-compiled)" in (tmp_path / "out-2" / "summary.md").read_text()
 
 
+@pytest.mark.full
 def test_a_session_starts_no_piece_it_cannot_finish(tmp_path: Path, inputs: Path) -> None:
     """Under ``MIN_START_S`` to the deadline train_throughput.py starts nothing; run.sh then does not start it
     (its imports alone cost a GPU session ~10 s a piece), nor the GPU tests, and names each piece left out."""
@@ -187,6 +189,7 @@ def test_a_session_starts_no_piece_it_cannot_finish(tmp_path: Path, inputs: Path
     assert summary.rstrip().endswith("; cases,steps.")
 
 
+@pytest.mark.full
 def test_every_full_case_is_a_valid_config_that_plans(tmp_path: Path) -> None:
     """The GPU cases run only on a GPU: a bad override or a missing DeepSpeed JSON would fail there, in device
     time. Each is loaded, validated, given its DeepSpeed config and sized here, as the campaign does."""
@@ -284,6 +287,7 @@ def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
     assert result["rc"] == train_throughput.STOPPED
 
 
+@pytest.mark.full
 @pytest.mark.integration
 def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path, inputs: Path) -> None:
     """``tests/gpu`` as its dry run (``ENCODER_DISTILL_GPU_TESTS_ON=cpu``): every body but the CUDA-only checks,

@@ -152,6 +152,7 @@ def test_command_line_with_two_worker_threads(two_task_files, tiny_teacher_dir, 
     assert counts == json.loads((out / SUMMARY_FILE).read_text())["counts"] and counts["examples"] == len(examples)
 
 
+@pytest.mark.full
 def test_the_runner_carries_keys_and_paths_never_rows(tiny_teacher_dir, tmp_path, monkeypatch):
     """Every PCollection of the real pipeline is measured (a step added to each, on the DirectRunner
     with two workers): with rows of ~9,000 characters, no element passing between steps is more

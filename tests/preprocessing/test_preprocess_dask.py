@@ -85,6 +85,7 @@ def dataset_files(dataset: Path) -> dict[str, bytes]:
     return {str(p.relative_to(dataset)): p.read_bytes() for p in sorted(dataset.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.full
 def test_dask_runner_writes_the_direct_runners_bytes(tmp_path, dask_cluster, two_files, bert_tokenizer_dir):
     direct = build_dataset(tmp_path / "direct", bert_tokenizer_dir, two_files, **TINY_DATASET_SETTINGS)
     dask = build_dataset(

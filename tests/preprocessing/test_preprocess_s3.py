@@ -60,6 +60,7 @@ def s3_client(endpoint: str):
     )
 
 
+@pytest.mark.full
 def test_a_bucket_output_writes_nothing_local(s3_endpoint, tiny_dataset_dir, sample_corpus, bert_tokenizer_dir):
     client = s3_client(s3_endpoint)
     client.create_bucket(Bucket="datasets")

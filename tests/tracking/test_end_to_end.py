@@ -37,6 +37,7 @@ def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> N
         assert got == expected, key
 
 
+@pytest.mark.full
 def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     mlflow_server, launch_tiny_distillation, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
 ):
@@ -121,6 +122,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert ft_run.data.tags["source_version"] == version.version
 
 
+@pytest.mark.full
 def test_training_survives_a_tracking_server_outage_and_resumes_into_its_run(mlflow_server, launch_tiny_distillation):
     from mlflow import MlflowClient
 

@@ -221,6 +221,7 @@ def test_rank_correlation_and_bad_regression_labels(tiny_student_dir, tmp_path):
         config(tiny_student_dir, bad, tmp_path / "o", "task=ranking")
 
 
+@pytest.mark.full
 def test_two_ranks_through_the_deepspeed_launcher_optimise_the_one_process_run(tiny_student_dir, tmp_path):
     """``deepspeed launch/run.sh finetune ...`` on two CPU ranks (gloo) takes the same steps as one process:
     each rank's share of a batch of 7 (4 and 3 rows, an uneven split) is weighted so that the averaged

@@ -10,6 +10,7 @@ import torch
 from common.config import ConfigError
 
 
+@pytest.mark.full
 @pytest.mark.integration
 def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, trainer_cli):
     import mlflow

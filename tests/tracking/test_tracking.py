@@ -163,6 +163,7 @@ def test_a_run_whose_new_experiment_another_run_created_meanwhile_is_created(mlf
     assert client.get_run(tracker.run_id).info.experiment_id == client.get_experiment_by_name("meanwhile").experiment_id
 
 
+@pytest.mark.full
 def test_a_run_created_before_its_parent_run_is_nested_once_the_parent_exists(mlflow_server):
     """Task distillation opens its parent run and then a run per stage, each created by its own background
     thread. With the server down at the start, both are created when it is back, in either order: here the

@@ -231,6 +231,7 @@ def test_bf16_step_matches_float32(student, teacher, batch) -> None:
     ],
     ids=["distilbert", "tinybert-layer-hooks", "distilbert-padded-vocab"],
 )
+@pytest.mark.full
 def test_compiled_models_give_the_eager_losses_and_gradients_and_compile_once(
     tiny_teacher_dir: Path, batch, objective: ObjectiveConfig
 ) -> None:

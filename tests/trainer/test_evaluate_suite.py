@@ -96,6 +96,7 @@ def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path)
     assert scores["spread"] == pytest.approx(max(scores["seeds"].values()) - min(scores["seeds"].values()))
 
 
+@pytest.mark.full
 def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teacher_dir, bert_tokenizer_dir, tmp_path):
     """``jobs=2`` through the real command: the runs go to two worker processes (the log names each run's
     process), and every score is the one ``jobs=1`` gives with the workers' thread count, run by run and
@@ -124,6 +125,7 @@ def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teach
             assert two[model][task]["seeds"] == scores["seeds"], (model, task)
 
 
+@pytest.mark.full
 def test_a_suite_run_again_with_its_work_dir_continues_where_it_stopped(tiny_teacher_dir, tmp_path, caplog):
     """A suite killed (SIGKILL: nothing of it cleans up) once its first run is recorded, then run again with
     the same ``work_dir``, reuses that run and runs the rest: its report equals, score by score, a suite's
@@ -201,6 +203,7 @@ def test_lrs_score_each_task_at_its_best_rate(tiny_teacher_dir, tmp_path, capsys
         main([str(tiny_teacher_dir), "method=probe", "lrs=[1e-4]"])
 
 
+@pytest.mark.full
 def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, tmp_path, capsys):
     """``method=probe`` on the real MiniLM encoder, every task at 80 / 48 examples: the same scores as
     scikit-learn's RidgeClassifier and Ridge on features pooled and standardised here by hand (each

@@ -80,6 +80,7 @@ def assert_stopped_at_step_3(proc: subprocess.CompletedProcess, output: Path) ->
     assert not (output / "student").exists()
 
 
+@pytest.mark.full
 def test_a_nan_loss_fails_the_run_before_the_next_checkpoint(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_nan_loss_fails_the_run_before_the_next_checkpoint(
     assert_stopped_at_step_3(poisoned_run(output, tiny_teacher_dir, tiny_dataset_dir, "loss"), output)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
 def test_bf16_nan_gradients_stop_the_run_by_default(
     zero: str, tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
@@ -99,6 +101,7 @@ def test_bf16_nan_gradients_stop_the_run_by_default(
     assert_stopped_at_step_3(poisoned_run(output, tiny_teacher_dir, tiny_dataset_dir, "gradients", *overrides), output)
 
 
+@pytest.mark.full
 def test_bf16_nan_gradients_skip_the_step_when_asked(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:

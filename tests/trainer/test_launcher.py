@@ -157,6 +157,7 @@ def check_student(student_dir: Path) -> None:
     assert len(predictions) == 5 and all(0 <= p["score"] <= 1 for p in predictions)
 
 
+@pytest.mark.full
 def test_zero2_run_trains_checkpoints_and_exports(reference_run: Path) -> None:
     check_finished_run(reference_run)
     check_student(reference_run / "student")
@@ -168,6 +169,7 @@ def seconds(text: str) -> int:
     return 3600 * int(h or 0) + 60 * int(m or 0) + int(s or 0)
 
 
+@pytest.mark.full
 def test_step_lines_show_elapsed_time_and_a_sane_eta(reference_run: Path) -> None:
     log = (reference_run.parent / f"{reference_run.name}.log").read_text()
     lines = re.findall(rf"^step (\d+)/{MAX_STEPS} \| loss .* \| elapsed (\w+) \| eta (\w+)$", log, re.MULTILINE)
@@ -180,6 +182,7 @@ def test_step_lines_show_elapsed_time_and_a_sane_eta(reference_run: Path) -> Non
     assert total / 3 <= elapsed[MAX_STEPS // 2 - 1] + eta[MAX_STEPS // 2 - 1] <= total * 3
 
 
+@pytest.mark.full
 def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run: Path) -> None:
     check_finished_run(zero3_run)
     check_student(zero3_run / "student")
@@ -188,6 +191,7 @@ def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run:
         assert zero3[step]["train/loss"] == pytest.approx(zero2[step]["train/loss"], rel=1e-4)
 
 
+@pytest.mark.full
 def test_a_padded_vocabulary_trains_like_the_plain_one_under_zero3_and_exports_a_plain_student(
     zero3_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
 ) -> None:
@@ -202,6 +206,7 @@ def test_a_padded_vocabulary_trains_like_the_plain_one_under_zero3_and_exports_a
     assert load_file(out / "student" / "model.safetensors")["bert.embeddings.word_embeddings.weight"].shape[0] == 30522
 
 
+@pytest.mark.full
 def test_profiled_steps_say_where_each_ranks_time_went(zero3_run: Path) -> None:
     """``profile.steps``: each rank writes its summary (JSON and Markdown) and its timeline."""
     for rank in (0, 1):
@@ -213,6 +218,7 @@ def test_profiled_steps_say_where_each_ranks_time_went(zero3_run: Path) -> None:
         assert json.loads((zero3_run / f"profile-rank{rank}-trace.json").read_text())["traceEvents"]
 
 
+@pytest.mark.full
 def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path) -> None:
     dest = tmp_path / "exported"
     proc = subprocess.run(
@@ -233,6 +239,7 @@ def test_export_command_from_a_zero3_checkpoint(zero3_run: Path, tmp_path: Path)
     assert any(not torch.equal(final[k], v) for k, v in earlier.state_dict().items() if k in final)
 
 
+@pytest.mark.full
 def test_zero_steps_export_the_student_as_a_run_starts_it(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:
@@ -253,6 +260,7 @@ def test_zero_steps_export_the_student_as_a_run_starts_it(
     assert untrained.keys() == load_file(reference_run / "student" / "model.safetensors").keys()
 
 
+@pytest.mark.full
 def test_a_compiled_run_trains_like_the_reference_and_exports_a_plain_student(
     reference_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
 ) -> None:
@@ -266,6 +274,7 @@ def test_a_compiled_run_trains_like_the_reference_and_exports_a_plain_student(
     assert first == pytest.approx(reference, rel=0.01)
 
 
+@pytest.mark.full
 @pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_fp16_supported(),
     reason="DeepSpeed's CPU accelerator trains in fp16 only where oneDNN has fp16 kernels (AVX512-FP16 or AMX)",
@@ -280,6 +289,8 @@ def test_fp16_overflowing_steps_are_skipped_not_fatal(
     check_fp16_overflows_were_skipped(out, 30)
 
 
+# The fast tier's one real launcher run, killed and resumed (tests/tiers.py): about 30 s on 2 cores.
+@pytest.mark.fast_budget(90)
 def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:
@@ -290,6 +301,7 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
     check_student(out / "student")
 
 
+@pytest.mark.full
 def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:
@@ -325,6 +337,7 @@ def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
 OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_position(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, stage: int
@@ -405,6 +418,7 @@ def pretrain_run(tmp_path_factory, bert_tokenizer_dir: Path, tiny_dataset_dir: P
     return out
 
 
+@pytest.mark.full
 def test_pretraining_without_a_teacher_trains_evaluates_the_student_alone_and_exports(pretrain_run: Path) -> None:
     from transformers import AutoModelForMaskedLM
 
@@ -429,6 +443,7 @@ def test_pretraining_without_a_teacher_trains_evaluates_the_student_alone_and_ex
     assert (student / "tokenizer.json").is_file()
 
 
+@pytest.mark.full
 def test_pretraining_is_tracked_and_registered_in_mlflow(pretrain_run: Path) -> None:
     from mlflow import MlflowClient
 
@@ -444,6 +459,7 @@ def test_pretraining_is_tracked_and_registered_in_mlflow(pretrain_run: Path) -> 
     assert version.run_id == tracked.info.run_id and version.tags["teacher"] == "none"
 
 
+@pytest.mark.full
 def test_killed_pretraining_resumes_with_identical_losses(
     tmp_path: Path, bert_tokenizer_dir: Path, tiny_dataset_dir: Path, pretrain_run: Path
 ) -> None:
@@ -452,6 +468,7 @@ def test_killed_pretraining_resumes_with_identical_losses(
     assert train_losses(out, PRETRAIN_LOSS_KEYS) == train_losses(pretrain_run, PRETRAIN_LOSS_KEYS)
 
 
+@pytest.mark.full
 def test_a_pretrained_export_is_a_teacher_with_an_mlm_head(
     tmp_path: Path, tiny_dataset_dir: Path, pretrain_run: Path
 ) -> None:
@@ -497,6 +514,7 @@ def test_more_streams_than_samples_fail_before_the_teacher_is_read(
     assert "fewer than its 100000 streams" in proc.stderr
 
 
+@pytest.mark.full
 def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:
     """The demo's config (the real all-MiniLM-L6-v2 teacher) launched twice on this machine, 2 s apart,
     neither given a port. On the launcher's fixed default port 29500 the second run either died on

@@ -76,6 +76,7 @@ def train_records(run: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if "train/loss" in r]
 
 
+@pytest.mark.full
 def test_every_layer_term_is_finite_and_falls(layer_run: Path):
     records = train_records(layer_run)
     assert [r["step"] for r in records] == list(range(1, MAX_STEPS + 1))
@@ -87,6 +88,7 @@ def test_every_layer_term_is_finite_and_falls(layer_run: Path):
     assert not any(f"train/{term}" in records[0] for term in ("ce", "mse", "cos"))  # no teacher logits, widths differ
 
 
+@pytest.mark.full
 def test_projections_train_in_the_engine_and_stay_out_of_the_export(layer_run: Path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForMaskedLM

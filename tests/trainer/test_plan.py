@@ -210,6 +210,7 @@ def test_peak_on_meta_equals_the_cpu_allocators_peak(tiny_teacher_dir: Path, tmp
     assert counted > 1.5 * saved
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("zero", "precision"), [("zero1", "bf16"), ("zero2", "bf16"), ("zero3", "bf16"), ("zero2", "fp32")]
 )

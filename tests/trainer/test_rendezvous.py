@@ -199,6 +199,7 @@ def start_rank_from_environment(
 LAUNCHES = {"deepspeed-hostfile-no-ssh": run_one_node_of_two, "slurm-style-environment": run_rank_from_environment}
 
 
+@pytest.mark.full
 @pytest.mark.integration
 @pytest.mark.parametrize(("how", "rank"), [("deepspeed-hostfile-no-ssh", 1), ("slurm-style-environment", 0)])
 def test_a_master_addr_that_does_not_resolve_fails_at_once_saying_how_to_fix_it(
@@ -215,6 +216,7 @@ def test_a_master_addr_that_does_not_resolve_fails_at_once_saying_how_to_fix_it(
     assert seconds < QUICK, f"took {seconds:.0f} s"
 
 
+@pytest.mark.full
 @pytest.mark.integration
 @pytest.mark.parametrize("how", LAUNCHES)
 def test_a_rank_that_cannot_reach_rank_zero_logs_while_it_waits_and_gives_up(

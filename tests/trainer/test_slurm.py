@@ -248,6 +248,7 @@ def rendezvous(job: str) -> str:
     return f"rendezvous at 127.0.0.1:{10000 + int(job) % 20000} (node node1)"
 
 
+@pytest.mark.full
 def test_sbatch_trains_exports_and_resumes_when_resubmitted_on_two_nodes(
     slurm: SlurmCluster, tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:

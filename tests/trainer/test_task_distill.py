@@ -224,6 +224,7 @@ def test_bad_inputs_are_errors_before_any_weight_moves(teacher, tiny_teacher_dir
         run(settings(teacher, general_student, tmp_path / "d", task="regression"))
 
 
+@pytest.mark.full
 def test_two_ranks_through_the_deepspeed_launcher(teacher, general_student, tmp_path):
     """``deepspeed launch/run.sh task-distill ...`` on two CPU ranks (gloo): rank 0 records, both train."""
     out = tmp_path / "launched"
