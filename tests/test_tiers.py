@@ -40,20 +40,25 @@ def test_slow_within_its_budget():
 
 def test_failing_on_its_own():
     assert False, "its own failure"
+
+@pytest.mark.full
+def test_slow_in_the_full_tier():
+    time.sleep(0.6)
 """
 
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\npytest_plugins = ('tiers',)\n")
-    pytester.makeini("[pytest]\nmarkers =\n    fast_budget(seconds): allowed more than the limit\n")
+    markers = "    fast_budget(seconds): allowed more than the limit\n    full: the full tier\n"
+    pytester.makeini(f"[pytest]\nmarkers =\n{markers}")
     pytester.makepyfile(test_suite=SUITE)
     return pytester
 
 
 def test_a_test_over_the_limit_fails_and_tells_its_author_to_mark_it_full(suite: pytest.Pytester) -> None:
-    result = suite.runpytest("--fast-tier-limit=0.3")
-    result.assert_outcomes(passed=3, failed=3)
+    result = suite.runpytest("--fast-tier-limit=0.3", "-m", "not full")
+    result.assert_outcomes(passed=3, failed=3, deselected=1)
     failed = {line.split("::")[1].split(" ")[0] for line in result.outlines if line.startswith("FAILED")}
     # the call and the test's own fixture count; a shared fixture, paid once for everyone, does not
     assert failed == {"test_slow_call", "test_slow_own_fixture", "test_failing_on_its_own"}
@@ -67,8 +72,20 @@ def test_a_test_over_the_limit_fails_and_tells_its_author_to_mark_it_full(suite:
     result.stdout.fnmatch_lines(
         [
             "*fast tier: 6 tests in * s (target 480 s on 2 cores)",
-            "per-test limit 0.3 s (call and own fixtures); over it: 2",
+            "fast tier's per-test limit 0.3 s (call and own fixtures); over it: 2",
             "  shared fixture slow_shared_fixture (session): 0.6 s",
+        ]
+    )
+
+
+def test_both_tiers_in_one_session_hold_only_the_fast_tier_to_the_limit(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--fast-tier-limit=0.3")
+    result.assert_outcomes(passed=4, failed=3)  # the slow full-tier test passes
+    result.stdout.fnmatch_lines(
+        [
+            "fast tier: 6 tests, * s of their own (calls and own fixtures)",
+            "full tier: 1 tests, 1 s of their own",
+            "both tiers, with shared fixtures and collection: * s",
         ]
     )
 
@@ -84,5 +101,5 @@ def test_a_fast_budget_is_itself_a_limit(suite: pytest.Pytester) -> None:
 
 def test_without_a_limit_nothing_is_guarded_or_summarised(suite: pytest.Pytester) -> None:
     result = suite.runpytest()
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     assert "fast tier:" not in result.stdout.str()
