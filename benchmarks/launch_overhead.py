@@ -1,6 +1,7 @@
 """Where a launch's fixed time goes, from `deepspeed launch/run.sh` to its first step and from its last step to exit.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeats 3] [--base REV] [--out FILE.json]
+    .venv/bin/python benchmarks/launch_overhead.py --table FILE.json   # its markdown table
 
 Launches the tiny CPU distillation as the tests do (``configs/tiny-cpu.yaml``, two CPU ranks, 3 steps, a
 checkpoint and an export) on a tiny teacher and the sample corpus's dataset, built first, and times each
@@ -15,8 +16,9 @@ phase from outside the ranks (psutil for the processes, the console's timestamps
 
 ``start to first step`` (a rank's process start to its first step) is what a user of `deepspeed
 launch/run.sh` waits for after DeepSpeed's own launcher. With ``--base REV`` the same launches also run
-from a git worktree of REV, alternated with this tree's, so that the two are measured side by side on the
-same machine in the same minutes; the ratio of their medians is what to compare, not the absolute times.
+from a git worktree of REV, alternated with this tree's (ABBA: each goes first in every other pair), so
+that the two are measured side by side on the same machine in the same minutes; compare their medians
+and ranges, not absolute times.
 """
 
 from __future__ import annotations
@@ -133,12 +135,30 @@ def build_inputs(root: Path) -> tuple[Path, Path]:
     return teacher, data
 
 
+def table(result: dict) -> str:
+    """Each phase's median (and range) for each tree, side by side: this tree first, then the base."""
+    names = list(result["medians"])
+    lines = ["| phase | " + " | ".join(f"{name}: median (min-max)" for name in names) + " |"]
+    lines.append("|---|" + "---|" * len(names))
+    for phase in [*PHASES, "start to first step", "total"]:
+        cells = []
+        for name in names:
+            values = [run[phase] for run in result["runs"][name]]
+            cells.append(f"{result['medians'][name][phase]:.2f} s ({min(values):.2f}-{max(values):.2f})")
+        lines.append(f"| {phase} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="launches per tree (default 3)")
     parser.add_argument("--base", help="also launch from a worktree of this git revision, alternated")
     parser.add_argument("--out", type=Path, help="write the result JSON here")
+    parser.add_argument("--table", type=Path, help="print the markdown table of this result file, and exit")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="launch-overhead-") as tmp:
         root = Path(tmp)
@@ -150,7 +170,8 @@ def main() -> int:
         try:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
             for repeat in range(args.repeats):
-                for name, tree in trees.items():
+                order = list(trees.items())
+                for name, tree in order if repeat % 2 == 0 else reversed(order):  # ABBA: no tree always goes first
                     out = root / f"run-{len(runs[name])}-{name.replace(' ', '-')}"
                     runs[name].append(launch(tree, teacher, data, out))
                     print(f"{name} #{repeat + 1}: {json.dumps(runs[name][-1])}", flush=True)

@@ -93,9 +93,15 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         "steps --only project-compiled,losses",
         "cases,steps",
     ]
-    assert first["not_started"]
+    # What the deadline left out is named: the cases and steps train_throughput.py did not start within a piece,
+    # and the pieces run.sh did not start (on a fast machine the first piece finishes and only the latter remain).
+    summary = (tmp_path / "out-1" / "summary.md").read_text()
+    pieces_not_run = re.search(r"^Pieces not started by run\.sh, under \d+ s to the deadline: (.*)\.$", summary, re.M)
+    not_run = [p for p in pieces if "not started:" in log.split(f"=== throughput: {p}")[1].splitlines()[0]]
+    assert first["not_started"] or not_run
     assert set(first["not_started"]).isdisjoint(measured)
-    assert "Not started, too close to the deadline" in (tmp_path / "out-1" / "summary.md").read_text()
+    assert bool(first["not_started"]) == ("Not started, too close to the deadline" in summary)
+    assert (pieces_not_run.group(1).split("; ") if pieces_not_run else []) == [p.strip() for p in not_run]
     assert "cpus: os.cpu_count" in (tmp_path / "out-1" / "versions.txt").read_text()  # what the threads were sized by
 
     # The same command again (a new, empty OUTDIR, as each device call gets): it continues. Here as a later
