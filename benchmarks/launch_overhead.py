@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -40,6 +39,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from benchmarks.suite_time import cpu_model  # noqa: E402  (REPO on the path first)
 
 PHASES = ("launcher", "rank start", "first step", "to export", "rank exit", "launcher exit")
 STEPS = 3
@@ -118,12 +119,6 @@ def launch(tree: Path, teacher: Path, data: Path, out: Path) -> dict[str, float]
     seconds["start to first step"] = round(first_step - rank_started, 3)
     seconds["total"] = round(ended - started, 3)
     return seconds
-
-
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    names = re.findall(r"^model name\s*: (.*)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else []
-    return names[0] if names else platform.machine()
 
 
 def build_inputs(root: Path) -> tuple[Path, Path]:

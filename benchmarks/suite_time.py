@@ -53,7 +53,9 @@ def summary(report: Path, seconds: float, rc: int) -> dict:
 
 
 def cpu_model() -> str:
-    names = re.findall(r"^model name\s*: (.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    """The CPU's name as Linux gives it (what a result file records of its machine)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = re.findall(r"^model name\s*: (.*)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else []
     return names[0] if names else "unknown"
 
 
