@@ -24,6 +24,7 @@ and ranges, not absolute times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -94,19 +95,13 @@ def launch(tree: Path, teacher: Path, data: Path, out: Path) -> dict[str, float]
         while proc.poll() is None:  # poll every 10 ms: the phases are seconds long
             now = time.time()
             for child in launcher.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived helper process already gone
                     if child.pid not in ranks and "launch/run.sh" in " ".join(child.cmdline()[:3]):
                         ranks[child.pid] = child
                         rank_started = min(rank_started or now, child.create_time())
-                except psutil.NoSuchProcess:
-                    pass
             if first_step is None and first_step_written(out / "metrics.jsonl"):
                 first_step = now
-            if (
-                ranks
-                and ranks_ended is None
-                and not any(r.is_running() and r.status() != "zombie" for r in ranks.values())
-            ):
+            if ranks and ranks_ended is None and not any(alive(rank) for rank in ranks.values()):
                 ranks_ended = now
             time.sleep(0.01)
         ended = time.time()
