@@ -5,6 +5,7 @@ A plain module (not a conftest) so that tests can import it unambiguously: ``fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -257,3 +259,67 @@ def kill_and_resume(
     assert resumed_from < logged_before_kill < max_steps
     finish_run(launch(), out, timeout)
     assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()
+
+
+# ------------------------------------------------------------------ a real MLflow tracking server
+class MlflowServer:
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.port = port or free_port()
+        self.db = root / "mlflow.db"
+        self.artifacts = root / "artifacts"
+        self.log = root / "server.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Start ``mlflow server`` and wait until /health answers."""
+        mlflow_cli = Path(sys.executable).parent / "mlflow"
+        cmd = [
+            str(mlflow_cli), "server",
+            "--backend-store-uri", f"sqlite:///{self.db}",
+            "--artifacts-destination", str(self.artifacts),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]  # fmt: skip
+        # The job executor forks seven consumer processes that these tests never use.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.process.returncode}:\n{self.log.read_text()}")
+            if self.healthy():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"mlflow server not healthy after {timeout:.0f}s:\n{self.log.read_text()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group (SIGKILL after 15 s) and wait for the port to close."""
+        if self.process is None:
+            return
+        pgid = self.process.pid  # start_new_session: the group id is the server's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+        with contextlib.suppress(ProcessLookupError):  # stragglers of the group must not keep the port
+            os.killpg(pgid, signal.SIGKILL)
+        self.process = None
+        while self.healthy():
+            time.sleep(0.1)

@@ -20,6 +20,7 @@ COMMANDS = {
     "finetune": ("trainer.commands.finetune", "fine-tune a student on a text-classification dataset"),
     "register": ("trainer.tracking.registry", "register an exported student in the MLflow model registry"),
     "promote": ("trainer.tracking.registry", "point an alias at a registered student version"),
+    "register-checkpoints": ("trainer.commands.register_checkpoints", "register a run's queued checkpoint students"),
     "task-distill": ("trainer.commands.task_distill", "distil a fine-tuned teacher into a student on a task's data"),
     "evaluate-mlm": ("trainer.commands.evaluate_mlm", "held-out masked-LM accuracy, perplexity, top-1 agreement"),
     "evaluate-suite": ("trainer.commands.evaluate_suite", "fine-tune models on the evaluation suite, one table"),

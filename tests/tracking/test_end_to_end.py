@@ -93,7 +93,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     last_eval = [r for r in records if "eval/student_mlm_accuracy" in r][-1]
     assert version.tags["teacher"] == str(tiny_teacher_dir)
     assert version.tags["dataset_fingerprint"] == dataset_fingerprint(manifest)
-    assert version.tags["steps"] == "10"
+    assert version.tags["step"] == "10" and version.tags["kind"] == "final"
     assert version.tags["eval/student_mlm_accuracy"] == f"{last_eval['eval/student_mlm_accuracy']:.6g}"
     done = trainer_cli("promote", "tiny-student", version.version, "champion", "--tracking-uri", uri)
     assert done.returncode == 0, done.stderr[-3000:]

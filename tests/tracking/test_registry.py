@@ -44,7 +44,7 @@ def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, tr
     assert first.tags["teacher"] == "bert-base-uncased"
     assert first.tags["dataset_fingerprint"] == "d00d"
     assert first.tags["git_commit"] == "c0ffee"
-    assert first.tags["steps"] == "40"
+    assert first.tags["step"] == "40"
     assert first.tags["eval/mlm_accuracy"] == "0.375"
 
     done = trainer_cli("promote", name, "1", "champion", "--tracking-uri", uri)

@@ -55,6 +55,7 @@ from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
 from trainer.runtime.optim import follow_schedule, follow_settings
 from trainer.runtime.profiling import step_profiler
+from trainer.tracking.checkpoints import start_registrar
 from trainer.tracking.registry import register_or_explain
 from trainer.tracking.tracker import start_tracker
 
@@ -137,6 +138,18 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         resume_run_id=resumed.get("mlflow_run_id"),
         run_spec=lambda: training_run_spec(cfg, config_path, ds_config, world.world_size),
     )
+    # Rank 0 registers every K-th checkpoint's student while training, in the background (mlflow.register_checkpoints).
+    registrar = start_registrar(
+        cfg.mlflow,
+        output_dir,
+        tracker,
+        is_main=world.is_main,
+        save_every_steps=cfg.checkpoint.every_steps,
+        max_steps=cfg.max_steps,
+    )
+    facts = StudentFacts(cfg.global_batch_size, dataset.max_seq_len)
+    if resumed:  # a kill between its save and its hand-over must not lose a due checkpoint (no duplicate either)
+        registrar.submit(resume_point.checkpoint, facts.at(step))
 
     loader = TrainLoader(
         dataset,
@@ -185,6 +198,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
             metrics = evaluation.run(engine.module)
             metrics_log.write(step, metrics)
             tracker.log_metrics(metrics, step)
+            facts.evaluated(step, metrics)
         if checkpoint_due:
             client_state = {
                 "step": step,
@@ -192,18 +206,41 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
                 "mlflow_run_id": tracker.run_id,
                 "config": to_dict(cfg),
             }
-            checkpoints.save(engine, step, client_state, hf_files=lambda dest: save_hf_files(student, tokenizer, dest))
+            saved = checkpoints.save(
+                engine, step, client_state, hf_files=lambda dest: save_hf_files(student, tokenizer, dest)
+            )
+            registrar.submit(saved, facts.at(step))
 
     metrics_log.close()
     student_dir = output_dir / "student"
     if world.is_main:
+        registrar.close(cfg.mlflow.finish_timeout_s)  # the checkpoints' versions first, in step order
         export(checkpoints.root, student_dir)
         log.info("exported the student to %s", student_dir)
     dist.barrier()
     tracker.finish({})
-    if world.is_main:
-        register_or_explain(student_dir, cfg.mlflow, tracker)  # if mlflow.register_as
+    if world.is_main:  # if mlflow.register_as
+        register_or_explain(student_dir, cfg.mlflow, tracker, tags={"kind": "final", **facts.tags(step)})
     return student_dir
+
+
+class StudentFacts:
+    """What a registered student is tagged with: its step, samples and tokens (token positions, padding
+    included), and for a checkpoint's student the metrics of the last evaluation at or before its step."""
+
+    def __init__(self, global_batch_size: int, seq_len: int) -> None:
+        self.global_batch_size, self.seq_len = global_batch_size, seq_len
+        self.last_eval: dict[str, float] = {}
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+        self.last_eval = {**self.last_eval, **metrics, "eval_step": step}  # the teacher's figures come once
+
+    def at(self, step: int) -> dict[str, Any]:
+        samples = step * self.global_batch_size
+        return {"step": step, "samples": samples, "tokens": samples * self.seq_len, **self.last_eval}
+
+    def tags(self, step: int) -> dict[str, str]:
+        return {key: str(value) for key, value in self.at(step).items() if not key.startswith("eval")}
 
 
 @dataclass

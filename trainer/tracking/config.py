@@ -26,6 +26,10 @@ class MlflowConfig:
     run_name: str | None = None
     register_as: str | None = None  # registered model name for the exported student
     alias: str | None = None  # alias given to the new version, e.g. "candidate"
+    # While training (trainer.tracking.checkpoints): false, or K = register every K-th checkpoint save's student
+    # (true = every save) as a version of register_as, in the background. models:/NAME@latest is the newest.
+    register_checkpoints: bool | int = False
+    checkpoint_alias: str | None = None  # an alias moved to each checkpoint's version (and the final one), forward only
     system_metrics: bool = True  # CPU, memory, disk, network, GPU of every node, as system/<node>/...
     system_metrics_interval_s: float = 10.0
     request_timeout_s: int = 15  # one HTTP request to the server (MLFLOW_HTTP_REQUEST_TIMEOUT unless set)
@@ -41,13 +45,27 @@ class MlflowConfig:
         (so ``mlflow.tracking_uri=URI`` works as written on a preset that disables the default store)."""
         return self.enabled or self.tracking_uri is not None or self.register_as is not None
 
+    @property
+    def checkpoint_every(self) -> int:
+        """Every how many checkpoint saves a student is registered during training (0: never)."""
+        every = self.register_checkpoints
+        return int(every) if every is not True else 1
+
     def validate(self) -> None:
         require(bool(self.experiment), "mlflow.experiment", "must not be empty")
         require(self.alias is None or self.register_as is not None, "mlflow.alias", "needs mlflow.register_as")
+        for key in ("alias", "checkpoint_alias"):
+            alias = getattr(self, key)
+            require(
+                alias is None or (alias.lower() != "latest" and not re.fullmatch(r"[vV]\d+", alias)),
+                f"mlflow.{key}",
+                "'latest' and v<number> are reserved by MLflow (models:/NAME@latest is always the newest version)",
+            )
+        every = self.register_checkpoints
+        require(every >= 0, "mlflow.register_checkpoints", "false, true (every save) or K >= 1 (every K-th save)")
+        require(not every or self.register_as is not None, "mlflow.register_checkpoints", "needs mlflow.register_as")
         require(
-            self.alias is None or (self.alias != "latest" and not re.fullmatch(r"[vV]\d+", self.alias)),
-            "mlflow.alias",
-            "'latest' and v<number> are reserved by MLflow",
+            self.checkpoint_alias is None or bool(every), "mlflow.checkpoint_alias", "needs mlflow.register_checkpoints"
         )
         for key in ("system_metrics_interval_s", "request_timeout_s", "retry_initial_s", "retry_max_s"):
             require(getattr(self, key) > 0, f"mlflow.{key}", "must be > 0")

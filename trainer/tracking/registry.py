@@ -3,7 +3,7 @@
 A student directory (Hugging Face weights, config, tokenizer) is logged with MLflow's
 ``transformers`` flavor, so ``mlflow.transformers.load_model("models:/NAME@ALIAS")`` gives a
 ready fill-mask pipeline and ``python -m trainer pull`` gives back a plain Hugging Face directory.
-The version is tagged with what a downstream team asks first (teacher, dataset, steps,
+The version is tagged with what a downstream team asks first (teacher, dataset, step,
 evaluation metrics), all read from the training run, and gets an alias such as ``candidate``;
 promoting it later is moving another alias (``champion``) to it.
 
@@ -43,45 +43,41 @@ def register_student(
     task: str = "fill-mask",
     attempts: int = 3,
     backoff_s: float = 1.0,
+    tags: dict[str, str] | None = None,
+    run_metrics: bool = True,
+    follow_alias: str | None = None,
 ) -> Any:
     """Log ``model_dir`` as an MLflow model (in run ``run_id`` when given), register it as a new
     version of ``name`` tagged from the run, point ``alias`` at it; returns the ModelVersion.
 
-    Each step is retried up to ``attempts`` times; a step that succeeded is not redone.
+    ``tags`` add to (and win over) the run's; ``run_metrics=False`` leaves out the run's last step and
+    evaluation metrics (a checkpoint's student gives its own). A student whose run and ``step`` a version
+    of ``name`` already has is not registered again, that version is returned: a relaunch of a finished
+    run, or a registration retried after a kill, adds no duplicate. ``follow_alias`` moves only forward
+    (:func:`advance_alias`). Each step is retried up to ``attempts`` times; a step that succeeded is not redone.
     """
     import mlflow
     from transformers import pipeline
 
     check_model_dir(model_dir)
+    tags = dict(tags or {})
     mlflow.set_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient(tracking_uri)
     model = pipeline(task, model=str(model_dir), tokenizer=str(model_dir))
     model_uri = version = None
     for attempt in itertools.count(1):
         try:
-            tags = version_tags(client, run_id) if run_id else {}
-            if model_uri is None:
-                # In the run, resumed for this and ended FINISHED as the tracker left it, even when logging
-                # fails: a failed upload must not mark the training run FAILED (as `with start_run` would).
-                if run_id:
-                    mlflow.start_run(run_id=run_id)
-                try:
-                    info = mlflow.transformers.log_model(
-                        model,
-                        name="student",
-                        task=task,
-                        model_card=model_card(name, task, tags),
-                        pip_requirements=pip_requirements(),
-                        tags=tags,
-                    )
-                finally:
-                    if run_id:
-                        mlflow.end_run()
-                model_uri = info.model_uri
+            if version is None and run_id and "step" in tags:
+                version = registered_version(client, name, run_id, tags["step"])
+            if version is None and model_uri is None:
+                tags = {**(version_tags(client, run_id, metrics=run_metrics) if run_id else {}), **tags}
+                model_uri = log_student(model, client, run_id, name, task, tags)
             if version is None:
                 version = mlflow.register_model(model_uri, name, tags=tags)
             if alias:
                 client.set_registered_model_alias(name, alias, version.version)
+            if follow_alias:
+                advance_alias(client, name, follow_alias, version)
             log.info("MLflow: registered %s version %s%s", name, version.version, f" as @{alias}" if alias else "")
             return version
         except Exception as err:
@@ -92,18 +88,72 @@ def register_student(
             time.sleep(wait)
 
 
+def log_student(model: Any, client: Any, run_id: str | None, name: str, task: str, tags: dict[str, str]) -> str:
+    """Log the pipeline ``model`` as an MLflow model, in run ``run_id`` when given; returns its URI.
+
+    The run is resumed for this and left in the state it was in (RUNNING while it trains, FINISHED
+    after), even when logging fails: an upload must neither finish a training run nor mark it FAILED
+    (as ``with start_run`` would)."""
+    import mlflow
+
+    status = client.get_run(run_id).info.status if run_id else None
+    if run_id:
+        mlflow.start_run(run_id=run_id)
+    try:
+        info = mlflow.transformers.log_model(
+            model,
+            name="student",
+            task=task,
+            model_card=model_card(name, task, tags),
+            pip_requirements=pip_requirements(),
+            tags=tags,
+            step=int(tags.get("step", 0)),
+        )
+    finally:
+        if run_id:
+            mlflow.end_run()
+            if status != "FINISHED":
+                client.update_run(run_id, status=status)
+    return info.model_uri
+
+
+def registered_version(client: Any, name: str, run_id: str, step: str) -> Any:
+    """The version of ``name`` registered from run ``run_id`` at ``step``, or None."""
+    query = f"name = '{name}' and tags.run_id = '{run_id}' and tags.step = '{step}'"
+    found = client.search_model_versions(query)
+    if found:
+        log.info("MLflow: %s version %s is the student of step %s already", name, found[0].version, step)
+    return found[0] if found else None
+
+
+def advance_alias(client: Any, name: str, alias: str, version: Any) -> bool:
+    """Point ``alias`` at ``version``, unless it names a later step of the same run already (a registration
+    retried late must not move a follower back); returns whether it moved."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, alias)
+    except MlflowException:  # no such alias yet
+        current = None
+    same_run = current is not None and current.tags.get("run_id") == version.tags.get("run_id")
+    if same_run and int(current.tags.get("step", -1)) > int(version.tags.get("step", -1)):
+        return False
+    client.set_registered_model_alias(name, alias, version.version)
+    return True
+
+
 def check_model_dir(model_dir: Path) -> None:
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"{model_dir}: not a Hugging Face model directory (no config.json)")
 
 
-def version_tags(client: Any, run_id: str) -> dict[str, str]:
-    """Teacher, dataset and code of the run, its last step and its evaluation metrics."""
+def version_tags(client: Any, run_id: str, *, metrics: bool = True) -> dict[str, str]:
+    """Teacher, dataset and code of the run; with ``metrics``, its last step and evaluation metrics too."""
     run = client.get_run(run_id)
     tags = {key: run.data.tags[key] for key in RUN_TAGS if key in run.data.tags}
-    training = [m for m in run.data._metric_objs if not m.key.startswith("system/")]
+    training = [m for m in run.data._metric_objs if not m.key.startswith("system/")] if metrics else []
     if training:
-        tags["steps"] = str(max(m.step for m in training))
+        tags["step"] = str(max(m.step for m in training))
     for metric in training:
         if metric.key.startswith("eval"):
             tags[metric.key] = f"{metric.value:.6g}"
@@ -131,17 +181,31 @@ def pip_requirements() -> list[str]:
 
 
 def register_or_explain(
-    model_dir: Path, cfg: MlflowConfig, run: Tracker | NullTracker, *, task: str = "fill-mask"
+    model_dir: Path,
+    cfg: MlflowConfig,
+    run: Tracker | NullTracker,
+    *,
+    task: str = "fill-mask",
+    tags: dict[str, str] | None = None,
 ) -> None:
-    """At the end of a finished run: register ``model_dir`` as ``mlflow.register_as`` (retrying), if set.
-    On failure the model stays where it is and the error and the one command to register it later are printed."""
+    """At the end of a finished run: register ``model_dir`` as ``mlflow.register_as`` (retrying), if set, with
+    the run's alias, and ``mlflow.checkpoint_alias`` moved to it too. On failure the model stays where it is and
+    the error and the one command to register it later are printed."""
     if not cfg.register_as:
         return
     target = {"name": cfg.register_as, "alias": cfg.alias, "run_id": run.run_id, "tracking_uri": run.tracking_uri}
     try:
         if not run.created:
             raise RuntimeError(f"the MLflow run was never created at {run.tracking_uri}")
-        register_student(model_dir, **target, task=task, attempts=cfg.register_attempts, backoff_s=cfg.retry_initial_s)
+        register_student(
+            model_dir,
+            **target,
+            task=task,
+            attempts=cfg.register_attempts,
+            backoff_s=cfg.retry_initial_s,
+            tags=tags,
+            follow_alias=cfg.checkpoint_alias,
+        )
     except Exception as err:
         command = register_command(model_dir, **target, task=task)
         log.error("MLflow: registering the student failed: %s", err)

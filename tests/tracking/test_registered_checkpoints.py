@@ -1,0 +1,266 @@
+"""Registered checkpoints (``mlflow.register_checkpoints``): students in the registry while a run trains.
+
+The quick tests check the parts alone: the config's rules, the snapshot that hands a checkpoint over,
+which saves are due, and the registry look-ups that keep versions unique and aliases moving forward
+(against the real ``mlflow server``). The two launches run the tiny CPU distillation through the real
+launcher on two ranks: one with the server up (a version per due save, tagged, pullable after its
+checkpoint was deleted; a relaunch of the finished run adds nothing), one that starts while the server
+is down, is SIGKILLed and relaunched (every due save registered exactly once, in step order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from common.config import ConfigError
+from trainer.tracking.checkpoints import (
+    QUEUE_DIR,
+    REQUEST,
+    CheckpointRegistrar,
+    pending_snapshots,
+    remove_snapshot,
+    snapshot,
+)
+from trainer.tracking.config import MlflowConfig
+from trainer.tracking.registry import advance_alias, registered_version
+
+
+# ------------------------------------------------------------------------------------------ the parts
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"register_checkpoints": True}, "mlflow.register_checkpoints"),  # no register_as
+        ({"register_as": "s", "register_checkpoints": -1}, "mlflow.register_checkpoints"),
+        ({"register_as": "s", "checkpoint_alias": "following"}, "mlflow.checkpoint_alias"),  # not registering
+        ({"register_as": "s", "register_checkpoints": 2, "checkpoint_alias": "Latest"}, "mlflow.checkpoint_alias"),
+        ({"register_as": "s", "register_checkpoints": True, "checkpoint_alias": "v3"}, "mlflow.checkpoint_alias"),
+    ],
+)
+def test_config_names_the_bad_key(settings, key):
+    with pytest.raises(ConfigError, match=key):
+        MlflowConfig(**settings).validate()
+
+
+def test_every_kth_save():
+    assert MlflowConfig(register_as="s", register_checkpoints=True).checkpoint_every == 1
+    assert MlflowConfig(register_as="s", register_checkpoints=3).checkpoint_every == 3
+    assert MlflowConfig(register_as="s").checkpoint_every == 0
+
+
+def fake_checkpoint(root: Path, step: int) -> Path:
+    path = root / "checkpoints" / f"step-{step:08d}"
+    (path / "hf").mkdir(parents=True)
+    (path / "mp_rank_00_model_states.pt").write_bytes(os.urandom(4096))
+    (path / "hf" / "config.json").write_text("{}")
+    return path
+
+
+def test_a_snapshot_keeps_the_checkpoint_bytes_after_the_checkpoint_is_deleted(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path, 30)
+    weights = (checkpoint / "mp_rank_00_model_states.pt").read_bytes()
+    queue = tmp_path / QUEUE_DIR
+    (queue / ".step-00000030.tmp").mkdir(parents=True)  # what a snapshot killed half way left
+    made = snapshot(checkpoint, queue, {"step": 30, "eval/loss": 1.5})
+    copy = made / "mp_rank_00_model_states.pt"
+    assert os.stat(copy).st_ino == os.stat(checkpoint / "mp_rank_00_model_states.pt").st_ino  # linked, not copied
+    for path in sorted(checkpoint.rglob("*"), reverse=True):  # what checkpoint.keep_last does
+        path.rmdir() if path.is_dir() else path.unlink()
+    checkpoint.rmdir()
+    assert copy.read_bytes() == weights and (made / "hf" / "config.json").is_file()
+    assert json.loads((made / REQUEST).read_text()) == {"step": 30, "eval/loss": 1.5}
+    assert [p.name for p in queue.iterdir()] == ["step-00000030"]  # the leftover replaced, nothing else
+
+    # Oldest first; a snapshot being removed (renamed first) is not pending any more.
+    for step in (120, 60, 90):
+        snapshot(fake_checkpoint(tmp_path, step), queue, {"step": step})
+    assert [p.name for p in pending_snapshots(queue)] == [f"step-{s:08d}" for s in (30, 60, 90, 120)]
+    remove_snapshot(queue / "step-00000060")
+    assert [p.name for p in pending_snapshots(queue)] == [f"step-{s:08d}" for s in (30, 90, 120)]
+    assert not any(p.name.startswith(".") for p in queue.iterdir())
+
+
+class NoRunYet:
+    """A tracker whose MLflow run does not exist (yet): the registrar queues and waits, registering nothing."""
+
+    run_id = None
+    created = False
+    tracking_uri = "http://127.0.0.1:9"
+
+
+def test_due_saves_are_queued_and_the_last_step_is_left_to_the_end_of_training(tmp_path, capsys):
+    cfg = MlflowConfig(register_as="s", register_checkpoints=2, retry_initial_s=0.1)
+    registrar = CheckpointRegistrar(cfg, tmp_path, NoRunYet(), save_every_steps=10, max_steps=60)
+    for step in (10, 20, 30, 40, 50, 60):  # K=2: every other save; 60 is the last step
+        registrar.submit(fake_checkpoint(tmp_path, step), {"step": step})
+    assert [p.name for p in pending_snapshots(tmp_path / QUEUE_DIR)] == ["step-00000020", "step-00000040"]
+    registrar.close(0.5)  # no run, nothing registered: the end says what is left and how to register it
+    err = capsys.readouterr().err
+    assert f"Their snapshots stay in {tmp_path / QUEUE_DIR}" in err
+    assert "python -m trainer register-checkpoints" in err and "--name s" in err
+    assert not registrar.thread.is_alive()
+
+
+def test_a_version_is_found_by_run_and_step_and_an_alias_only_moves_forward(mlflow_server):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    name = "forward-only"
+    client.create_registered_model(name)
+    versions = {
+        (run, step): client.create_model_version(name, "s3://nowhere/student", tags={"run_id": run, "step": str(step)})
+        for run, step in (("r1", 10), ("r1", 20), ("r2", 5))
+    }
+    assert registered_version(client, name, "r1", "20").version == versions["r1", 20].version
+    assert registered_version(client, name, "r1", "30") is None
+    assert registered_version(client, name, "r2", "10") is None
+
+    assert advance_alias(client, name, "following", versions["r1", 20])
+    assert not advance_alias(client, name, "following", versions["r1", 10])  # a late registration of step 10
+    assert client.get_model_version_by_alias(name, "following").version == versions["r1", 20].version
+    assert advance_alias(client, name, "following", versions["r2", 5])  # another run's: moves
+    assert client.get_model_version_by_alias(name, "following").version == versions["r2", 5].version
+
+
+# --------------------------------------------------------------------------------- through the launcher
+def versions_by_step(client, name: str) -> dict[int, list]:
+    found: dict[int, list] = {}
+    for version in client.search_model_versions(f"name = '{name}'"):
+        found.setdefault(int(version.tags["step"]), []).append(version)
+    return found
+
+
+@pytest.mark.full
+@pytest.mark.integration
+def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
+    mlflow_server, launch_tiny_distillation, trainer_cli, tmp_path
+):
+    from mlflow import MlflowClient
+    from transformers import AutoModelForMaskedLM
+
+    from trainer.commands.export import export
+
+    uri, name = mlflow_server.uri, "following-student"
+    settings = ["max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=3",
+                "logging.every_steps=1", f"mlflow.tracking_uri={uri}", "mlflow.experiment=registered-checkpoints",
+                f"mlflow.register_as={name}", "mlflow.alias=candidate", "mlflow.register_checkpoints=true",
+                "mlflow.checkpoint_alias=following"]  # fmt: skip
+    run = launch_tiny_distillation(*settings)
+    run.wait()
+
+    client = MlflowClient(uri)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("registered-checkpoints").experiment_id])
+    assert tracked.info.status == "FINISHED"
+    found = versions_by_step(client, name)
+    assert sorted(found) == [3, 6, 9, 12] and all(len(v) == 1 for v in found.values())
+    by_step = {step: versions[0] for step, versions in found.items()}
+    assert [int(by_step[s].version) for s in (3, 6, 9, 12)] == sorted(int(v.version) for v in by_step.values())
+    evals = {r["step"]: r for r in run.records() if "eval/student_mlm_loss" in r}
+    for step in (3, 6, 9):
+        tags = by_step[step].tags
+        assert tags["kind"] == "checkpoint" and by_step[step].run_id == tracked.info.run_id
+        assert (tags["samples"], tags["tokens"]) == (str(step * 8), str(step * 8 * 64))
+        assert tags["eval_step"] == str(step)
+        assert tags["eval/student_mlm_loss"] == f"{evals[step]['eval/student_mlm_loss']:.6g}"
+        assert tags["teacher"] == tracked.data.tags["teacher"]
+    assert by_step[12].tags["kind"] == "final"
+    assert client.get_model_version_by_alias(name, "candidate").version == by_step[12].version
+    assert client.get_model_version_by_alias(name, "following").version == by_step[12].version
+
+    # models:/NAME@latest is the newest: the final student.
+    def pull(uri_: str) -> dict[str, torch.Tensor]:
+        dest = tmp_path / f"pulled-{len(list(tmp_path.glob('pulled-*')))}"
+        done = trainer_cli("pull", uri_, str(dest), "--tracking-uri", uri)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return AutoModelForMaskedLM.from_pretrained(dest).state_dict()
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    final = AutoModelForMaskedLM.from_pretrained(run.output_dir / "student").state_dict()
+    assert same(pull(f"models:/{name}@latest"), final)
+    # Step 9's checkpoint is still on disk (keep_last 2): its version holds exactly its student.
+    checkpoints = run.output_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000009", "step-00000012"]
+    step9 = AutoModelForMaskedLM.from_pretrained(export(checkpoints / "step-00000009", tmp_path / "s9")).state_dict()
+    assert same(pull(f"models:/{name}/{by_step[9].version}"), step9)
+    # Step 3's was deleted long ago; its version stays complete, and is another student.
+    assert not same(pull(f"models:/{name}/{by_step[3].version}"), step9)
+    assert not (run.output_dir / QUEUE_DIR).exists() or not pending_snapshots(run.output_dir / QUEUE_DIR)
+
+    # The finished run relaunched: it resumes at its last step and registers nothing new.
+    again = launch_tiny_distillation(*settings)
+    assert "resumed from step 12" in again.wait()
+    assert {s: len(v) for s, v in versions_by_step(client, name).items()} == {3: 1, 6: 1, 9: 1, 12: 1}
+
+
+def rank_processes(launcher_pid: int) -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process(launcher_pid).children(recursive=True)
+        if any(a.startswith("--local_rank=") for a in p.cmdline())
+        and "deepspeed.launcher.launch" in " ".join(p.parent().cmdline())
+    ]
+
+
+@pytest.mark.full
+@pytest.mark.integration
+def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicates(
+    mlflow_server, launch_tiny_distillation
+):
+    from mlflow import MlflowClient
+
+    uri, name = mlflow_server.uri, "outage-student"
+    settings = ["checkpoint.every_steps=3", "checkpoint.keep_last=1", "eval.every_steps=6", "logging.every_steps=1",
+                f"mlflow.tracking_uri={uri}", "mlflow.experiment=registered-outage", f"mlflow.register_as={name}",
+                "mlflow.register_checkpoints=2", "mlflow.start_timeout_s=0", "mlflow.retry_max_s=2"]  # fmt: skip
+    client = MlflowClient(uri)
+    mlflow_server.stop()
+    try:  # The run starts with the registry down: its due saves (every 6 steps) queue up.
+        run = launch_tiny_distillation("max_steps=5000", *settings)  # killed long before its end
+        queue = run.output_dir / QUEUE_DIR
+        deadline = time.monotonic() + 300
+        while len(pending_snapshots(queue)) < 2:
+            assert run.process.poll() is None, run.log_path.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no checkpoints were queued"
+            time.sleep(0.2)
+    finally:
+        mlflow_server.start()
+    # The registry is back while the run trains: what was queued is registered, oldest first.
+    deadline = time.monotonic() + 300
+    while not {6, 12} <= set(versions_by_step(client, name)):
+        assert run.process.poll() is None, run.log_path.read_text()[-6000:]
+        assert time.monotonic() < deadline, (run.output_dir / "registering.log").read_text()[-4000:]
+        time.sleep(0.5)
+
+    # SIGKILL rank 0 (the registrar's process) with saves still queued or in flight; relaunch to a near end.
+    rank0 = [p for p in rank_processes(run.process.pid) if "--local_rank=0" in p.cmdline()]
+    assert len(rank0) == 1
+    os.kill(rank0[0].pid, signal.SIGKILL)
+    assert run.process.wait(timeout=120) != 0
+    assert "unreachable" in run.log_path.read_text()  # (the relaunch writes the same console file)
+    # Killed, the run stays RUNNING: logging the checkpoints' models into it never marked it finished.
+    (tracked,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
+    assert tracked.info.status == "RUNNING"
+    killed_at = int((run.output_dir / "checkpoints" / "latest").read_text().split("-")[1])
+    end = killed_at + 7
+    resumed = launch_tiny_distillation(f"max_steps={end}", *settings)
+    assert f"resumed from step {killed_at}" in resumed.wait()
+
+    found = versions_by_step(client, name)
+    due = [step for step in range(6, end, 6)]
+    assert sorted(found) == [*due, end], (found.keys(), killed_at)
+    assert all(len(versions) == 1 for versions in found.values()), {s: len(v) for s, v in found.items()}
+    in_order = [int(found[step][0].version) for step in sorted(found)]
+    assert in_order == sorted(in_order)  # registered in step order, the final student last
+    assert client.get_model_version_by_alias(name, "latest").tags["step"] == str(end)
+    assert not pending_snapshots(queue)
+    (again,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
+    assert again.info.run_id == tracked.info.run_id and again.info.status == "FINISHED"
