@@ -36,6 +36,7 @@ from benchmarks.launch_overhead import build_inputs  # noqa: E402  (REPO on the 
 from benchmarks.suite_time import cpu_model  # noqa: E402
 
 STEPS, EVERY = 60, 5
+CONFIG = "configs/tiny-cpu.yaml"
 ARMS = {"off": [], "every save": ["mlflow.register_checkpoints=true"]}
 
 
@@ -51,7 +52,7 @@ def launch(arm: str, index: int, teacher: Path, data: Path, out: Path, uri: str,
     deepspeed = Path(sys.executable).parent / "deepspeed"
     with out.with_suffix(".log").open("w") as log:
         done = subprocess.run(
-            [str(deepspeed), "--num_gpus", str(ranks), "launch/run.sh", "configs/tiny-cpu.yaml", *overrides],
+            [str(deepspeed), "--num_gpus", str(ranks), "launch/run.sh", CONFIG, *overrides],
             cwd=REPO,
             env=env,
             stdout=log,
@@ -129,7 +130,7 @@ def main() -> int:
             subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
         ),
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
-        "sizes": {"ranks": args.ranks, "steps": STEPS, "checkpoint_every_steps": EVERY, "config": "configs/tiny-cpu.yaml"},
+        "sizes": {"ranks": args.ranks, "steps": STEPS, "checkpoint_every_steps": EVERY, "config": CONFIG},
         "wall_s": round(time.time() - started, 1),
         "runs": runs,
         "pair_ratios": ratios,
