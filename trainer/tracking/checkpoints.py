@@ -121,6 +121,9 @@ class CheckpointRegistrar:
         self.closing = threading.Event()
         self.deadline = float("inf")
         self.failing_since: float | None = None
+        self.worker: subprocess.Popen | None = None
+        self.lock = threading.Lock()  # between starting a worker (thread) and stopping it at the deadline (close)
+        self.stopped = False
         self.thread = threading.Thread(target=self.work, name="mlflow-registrar", daemon=True)
         self.thread.start()  # a relaunch's first job: the snapshots its killed predecessor left
 
@@ -137,7 +140,12 @@ class CheckpointRegistrar:
         self.deadline = time.monotonic() + timeout
         self.closing.set()
         self.wakeup.set()
-        self.thread.join(timeout + 30)  # the worker is stopped at the deadline: it ends soon after
+        self.thread.join(timeout)
+        with self.lock:  # past the deadline with a worker in flight: stop it (what it registers is whole or absent)
+            self.stopped = True
+            if self.worker is not None:
+                self.worker.terminate()
+        self.thread.join(30)
         left = pending_snapshots(self.queue)
         if left:
             steps = ", ".join(str(json.loads((p / REQUEST).read_text())["step"]) for p in left)
@@ -169,18 +177,15 @@ class CheckpointRegistrar:
         command += ["--parent-pid", str(os.getpid())]
         env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
         env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        with self.log_path.open("a", encoding="utf-8") as out:
-            worker = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-        yield_to_training(worker.pid)  # at once: its imports alone are seconds of CPU
-        while True:
-            try:
-                rc = worker.wait(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                if self.closing.is_set() and time.monotonic() >= self.deadline:
-                    worker.terminate()  # its registration in flight ends complete or absent
-                    rc = worker.wait()
-                    break
+        with self.lock, self.log_path.open("a", encoding="utf-8") as out:
+            if self.stopped:
+                return False
+            self.worker = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            yield_to_training(self.worker.pid)  # at once: its imports alone are seconds of CPU
+        # A blocking wait: polling with a timeout would wake this thread 20 times a second, and each wake takes
+        # the GIL from the training loop. close() stops the worker at the deadline.
+        rc = self.worker.wait()
+        self.worker = None
         if rc == 0:
             if self.failing_since is not None:
                 log.info("MLflow: registering checkpoints again after %.0fs", time.monotonic() - self.failing_since)
