@@ -41,7 +41,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.suite_time import cpu_model  # noqa: E402  (REPO on the path first)
+from benchmarks.suite_time import provenance, write_result  # noqa: E402  (REPO on the path first)
 
 PHASES = ("launcher", "rank start", "first step", "to export", "rank exit", "launcher exit")
 STEPS = 3
@@ -171,25 +171,14 @@ def main() -> int:
 
     medians = {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]} for name, rs in runs.items()}
     result = {
-        "command": " ".join(["benchmarks/launch_overhead.py", *sys.argv[1:]]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
-        "dirty": bool(
-            subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
-        ),
-        "machine": {
-            "cpu": cpu_model(),
-            "cpus": os.cpu_count(),
-            "load_average_at_end": os.getloadavg(),
-        },
+        **provenance(" ".join(["benchmarks/launch_overhead.py", *sys.argv[1:]])),
         "sizes": {"ranks": 2, "steps": STEPS, "config": "configs/tiny-cpu.yaml", "repeats": args.repeats},
         "medians": medians,
         "runs": runs,
     }
     for name, median in medians.items():
         print(f"median, {name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items()))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     return 0
 
 

@@ -11,7 +11,8 @@ alternate ABBA, so that neither always runs first. The figure is each run's mean
 ``metrics.jsonl`` (``train/elapsed_s`` from step 5 to the last step, checkpoint saves included): the
 registration's whole cost to the loop, snapshots included, and the CPU its worker process takes from the
 ranks (the worker runs in Linux's SCHED_IDLE class). It also counts the versions registered before the
-last step, to show whether the registration ran while the loop trained or after it.
+last step, to show whether the registration ran while the loop trained or after it. The server runs in Linux's
+SCHED_IDLE class: in a real deployment it is on another machine, and its work is not the trainer's cost.
 
 ``--ranks 2`` on a 2-core machine leaves the worker no idle core (the case of a CPU node whose every core
 trains); ``--ranks 1`` leaves it one, as a GPU node's spare cores do.
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from benchmarks.launch_overhead import build_inputs  # noqa: E402  (REPO on the path first)
-from benchmarks.suite_time import cpu_model  # noqa: E402
+from benchmarks.suite_time import provenance, write_result  # noqa: E402
 
 STEPS, EVERY = 60, 5
 CONFIG = "configs/tiny-cpu.yaml"
@@ -109,7 +110,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="registration-cost-") as tmp:
         root = Path(tmp)
         teacher, data = build_inputs(root)
-        server = MlflowServer(root / "mlflow")
+        server = MlflowServer(root / "mlflow", idle=True)  # stands in for a server on another machine
         (root / "mlflow").mkdir()
         server.start()
         try:
@@ -124,21 +125,14 @@ def main() -> int:
             server.stop()
     ratios = [round(b["step_s"] / a["step_s"], 4) for a, b in zip(runs["off"], runs["every save"], strict=True)]
     result = {
-        "command": " ".join(["benchmarks/registration_cost.py", *sys.argv[1:]]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
-        "dirty": bool(
-            subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
-        ),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        **provenance(" ".join(["benchmarks/registration_cost.py", *sys.argv[1:]])),
         "sizes": {"ranks": args.ranks, "steps": STEPS, "checkpoint_every_steps": EVERY, "config": CONFIG},
         "wall_s": round(time.time() - started, 1),
         "runs": runs,
         "pair_ratios": ratios,
     }
     print(table(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     return 0
 
 

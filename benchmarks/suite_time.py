@@ -59,9 +59,30 @@ def cpu_model() -> str:
     return names[0] if names else "unknown"
 
 
+def provenance(command: str, tree: Path = REPO) -> dict:
+    """What every result file opens with: the command, the commit of ``tree`` (and whether it had uncommitted
+    changes), the machine."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True).stdout.strip()
+
+    return {
+        "command": command,
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain")),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+    }
+
+
+def write_result(path: Path | None, result: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def measure(clone: Path) -> dict:
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    header = provenance(" ".join(["python3 benchmarks/suite_time.py", *sys.argv[1:]]), clone)  # before any output
     started = time.monotonic()
     subprocess.run(["make", "setup"], cwd=clone, check=True)
     setup_s = time.monotonic() - started
@@ -69,10 +90,9 @@ def measure(clone: Path) -> dict:
     # tiers in one session, what CI runs), one after the other, each with its report.
     fast_s, fast_rc = run_make(clone, ["test"], clone / "fast.xml")
     all_s, all_rc = run_make(clone, ["test-all"], clone / "all.xml")
+    header["machine"]["load_average_at_end"] = os.getloadavg()
     return {
-        "command": " ".join(["python3 benchmarks/suite_time.py", *sys.argv[1:]]),
-        "commit": commit,
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        **header,
         "setup_seconds": round(setup_s, 1),
         "make_test": summary(clone / "fast.xml", fast_s, fast_rc),
         "make_test_all": summary(clone / "all.xml", all_s, all_rc),
@@ -107,9 +127,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         result = measure(args.clone or Path(tmp) / "clone")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(table(result))
     return 1 if result["make_test"]["exit_code"] or result["make_test_all"]["exit_code"] else 0
 

@@ -263,8 +263,13 @@ def kill_and_resume(
 
 # ------------------------------------------------------------------ a real MLflow tracking server
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    """``mlflow server`` on 127.0.0.1 (SQLite, local artifacts) in its own process group. ``idle``: in Linux's
+    SCHED_IDLE class, so that a benchmark on this machine measures the trainer and not the server, which in
+    a real deployment runs elsewhere."""
+
+    def __init__(self, root: Path, port: int | None = None, *, idle: bool = False) -> None:
         self.root = root
+        self.idle = idle
         self.port = port or free_port()
         self.db = root / "mlflow.db"
         self.artifacts = root / "artifacts"
@@ -284,6 +289,8 @@ class MlflowServer:
             "--artifacts-destination", str(self.artifacts),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
         ]  # fmt: skip
+        if self.idle:
+            cmd = ["chrt", "--idle", "0", *cmd]  # inherited by the processes the server forks
         # The job executor forks seven consumer processes that these tests never use.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with self.log.open("a") as log:
