@@ -69,7 +69,7 @@ def provenance(command: str, tree: Path = REPO) -> dict:
     return {
         "command": command,
         "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain")),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),  # changes to the code, not new outputs
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
     }
 

@@ -19,6 +19,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from helpers import (
     SAMPLE_CORPUS,
     TINY_DATASET_SETTINGS,
+    MotoServer,
     build_dataset,
     build_tiny_teacher,
 )
@@ -52,6 +53,16 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
         **TINY_DATASET_SETTINGS,
         beam={"direct_num_workers": 2},
     )
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A real S3-compatible server (moto's) on 127.0.0.1 for the session."""
+    pytest.importorskip("boto3")
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "server.log")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -330,3 +330,127 @@ class MlflowServer:
         self.process = None
         while self.healthy():
             time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ a real S3 server, and a fault in front of it
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class MotoServer:
+    """``moto_server`` (a real S3-compatible HTTP server, in memory) on a free port of 127.0.0.1."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        with self.log.open("w") as log:
+            command = [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(self.port)]
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"moto_server did not start: {self.log.read_text()}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def client(self, endpoint: str | None = None):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint or self.url,
+            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+        )
+
+    def upload(self, local: Path, bucket: str, prefix: str) -> str:
+        """Every file under ``local`` to ``s3://bucket/prefix/...``; returns that URL."""
+        client = self.client()
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+        for path in sorted(local.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local)}")
+        return f"s3://{bucket}/{prefix}"
+
+
+class TcpProxy:
+    """A TCP forwarder from a free port of 127.0.0.1 to ``target_port``, with a switch: while ``down``, every
+    connection (open or new) is cut, as a store that went away does to its clients. ``bytes_per_s`` throttles
+    what each connection receives from the target (a store's bandwidth per reader)."""
+
+    def __init__(self, target_port: int, bytes_per_s: float | None = None) -> None:
+        import threading
+
+        self.bytes_per_s = bytes_per_s
+        self.target_port = target_port
+        self.up = threading.Event()
+        self.up.set()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self.up.clear()
+        with self.lock:
+            for sock in self.open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def restore(self) -> None:
+        self.up.set()
+
+    def serve(self) -> None:
+        import threading
+
+        while True:
+            client, _ = self.server.accept()
+            if not self.up.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open.update((client, upstream))
+            for a, b, rate in ((client, upstream, None), (upstream, client, self.bytes_per_s)):
+                threading.Thread(target=self.pipe, args=(a, b, rate), daemon=True).start()
+
+    def pipe(self, src: socket.socket, dst: socket.socket, bytes_per_s: float | None) -> None:
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+                if bytes_per_s:
+                    time.sleep(len(chunk) / bytes_per_s)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            with self.lock:
+                self.open.discard(src)

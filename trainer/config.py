@@ -201,9 +201,18 @@ class LoaderConfig:
     # The independent sample streams the data order is made of (runtime/data.py); None: world size x
     # num_workers of the run's first launch. A run resumes on at most this many ranks.
     streams: int | None = None
+    # Reading shards (runtime/data.py ShardReader, runtime/storage.py): a failed read is retried read_attempts
+    # times with backoff up to read_retry_max_s; cache_dir keeps remote shards locally, at most cache_max_gb.
+    read_attempts: int = 5
+    read_retry_max_s: float = 30.0
+    cache_dir: str | None = None
+    cache_max_gb: float = 100.0
 
     def validate(self) -> None:
         require(self.shuffle_buffer >= 1, "loader.shuffle_buffer", "must be >= 1")
+        require(self.read_attempts >= 1, "loader.read_attempts", "must be >= 1")
+        require(self.read_retry_max_s > 0, "loader.read_retry_max_s", "must be > 0")
+        require(self.cache_max_gb > 0, "loader.cache_max_gb", "must be > 0")
         require(self.num_workers >= 0, "loader.num_workers", "must be >= 0")
         require(self.streams is None or self.streams >= 1, "loader.streams", "must be >= 1 (or null)")
 
@@ -299,7 +308,7 @@ class ProfileConfig:
 @dataclasses.dataclass
 class TrainConfig:
     teacher: str | None  # Hugging Face masked-LM: local directory or hub id; null: pretraining, L_mlm alone
-    data: str  # dataset directory written by `python -m preprocessing`
+    data: str  # dataset written by `python -m preprocessing`: a directory or an object store URL (s3://...)
     output_dir: str
     tokenizer: str | None = None  # without a teacher: the dataset's tokenizer (default: student.model's)
     max_steps: int = 1000  # 0: no training, the student as a run starts it (train.py, export_untrained)

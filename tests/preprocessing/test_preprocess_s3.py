@@ -6,12 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset
@@ -21,48 +15,10 @@ boto3 = pytest.importorskip("boto3")
 CREDENTIALS = {"s3_access_key_id": "testing", "s3_secret_access_key": "testing", "s3_region_name": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A moto S3 server on a free port; yields its URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = (tmp_path_factory.mktemp("moto") / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"moto_server did not start: {Path(log.name).read_text()}") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-def s3_client(endpoint: str):
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=CREDENTIALS["s3_access_key_id"],
-        aws_secret_access_key=CREDENTIALS["s3_secret_access_key"],
-        region_name=CREDENTIALS["s3_region_name"],
-    )
-
-
 @pytest.mark.full
-def test_a_bucket_output_writes_nothing_local(s3_endpoint, tiny_dataset_dir, sample_corpus, bert_tokenizer_dir):
-    client = s3_client(s3_endpoint)
+def test_a_bucket_output_writes_nothing_local(moto_server, tiny_dataset_dir, sample_corpus, bert_tokenizer_dir):
+    s3_endpoint = moto_server.url
+    client = moto_server.client()
     client.create_bucket(Bucket="datasets")
     before = set(os.listdir("/tmp"))
     build_dataset(

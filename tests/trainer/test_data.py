@@ -6,13 +6,13 @@ import collections
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from common.config import ConfigError
 from common.tokenizer import load_tokenizer, tokenizer_identity
+from trainer.config import LoaderConfig
 from trainer.runtime.data import (
     SlotStream,
     TrainLoader,
@@ -62,7 +62,7 @@ def loader(dataset_dir: Path, rank: int, state: dict | None = None, workers: int
         micro_batch_size=4,
         rank=rank,
         world_size=2,
-        loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=None),
+        loader_cfg=LoaderConfig(num_workers=workers, shuffle_buffer=32, streams=None),
         seed=7,
         state=state,
     )
@@ -109,7 +109,7 @@ def ranks(dataset_dir: Path, world_size: int, state: dict | None = None, workers
             micro_batch_size=2,
             rank=rank,
             world_size=world_size,
-            loader_cfg=SimpleNamespace(num_workers=workers, shuffle_buffer=32, streams=streams),
+            loader_cfg=LoaderConfig(num_workers=workers, shuffle_buffer=32, streams=streams),
             seed=7,
             state=state,
         )

@@ -302,6 +302,39 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
 
 
 @pytest.mark.full
+def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_like_its_local_copy(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, moto_server
+) -> None:
+    """``data=s3://...`` on a real S3 server, reached through boto3's usual environment and a proxy that can cut
+    it off: killed and relaunched, the relaunch starting while the store is away for 6 s. The losses are those of
+    the reference run over the local copy, step for step."""
+    import threading
+
+    from helpers import S3_CREDENTIALS, TcpProxy
+
+    url = moto_server.upload(tiny_dataset_dir, "launcher", "tiny")
+    proxy = TcpProxy(moto_server.port)
+    env = {**S3_CREDENTIALS, "AWS_ENDPOINT_URL": proxy.url}
+    out, launches = tmp_path / "run", []
+
+    def launch_run() -> subprocess.Popen:
+        if launches:  # the relaunch: the store is away when it starts, back 6 s later
+            proxy.down()
+            threading.Timer(6.0, proxy.restore).start()
+        launches.append(start(tiny_teacher_dir, url, out, env=env))
+        return launches[-1]
+
+    kill_and_resume(launch_run, out)
+    assert train_losses(out) == train_losses(reference_run)
+    log = console_log(out).read_text()
+    assert f"reading {url}/manifest.json failed" in log and "retry in" in log
+    done = run_in_repo([sys.executable, "-m", "trainer", "plan", "configs/tiny-cpu.yaml", f"data={url}",
+                        f"teacher={tiny_teacher_dir}", "--json"], {**os.environ, **env}, 300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["data"]["found"] is True
+
+
+@pytest.mark.full
 def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
 ) -> None:

@@ -25,7 +25,6 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +58,7 @@ from trainer.objective.distiller import (
 )
 from trainer.objective.layer_distillation import layer_term_weights
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
+from trainer.runtime.data import read_manifest
 from trainer.runtime.engine import deepspeed_config
 
 
@@ -397,16 +397,6 @@ def memory_per_rank(
 
 
 # ----------------------------------------------------------------------------------------- the plan
-def read_manifest(data: str) -> dict[str, Any] | None:
-    path = Path(data) / "manifest.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ConfigError(f"data: {path} is not valid JSON: {err}") from None
-
-
 def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) -> dict[str, Any]:
     """Everything ``plan`` reports, as plain data (the ``--json`` output); ``teacher`` and ``teacher_params``
     are None without a teacher."""

@@ -18,6 +18,7 @@ import yaml
 
 from common.config import flatten, to_dict
 from trainer.config import TrainConfig
+from trainer.runtime.data import read_manifest
 from trainer.tracking.tracker import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +28,7 @@ def training_run_spec(
     cfg: TrainConfig, config_path: str | None, deepspeed_config: dict[str, Any], world_size: int
 ) -> RunSpec:
     """Params (the resolved config, flattened), tags and artifacts of a distillation run."""
-    manifest_path = Path(cfg.data) / "manifest.json"
-    manifest = read_json(manifest_path)
+    manifest = read_manifest(cfg.data) or {}
     zero = deepspeed_config.get("zero_optimization", {})
     commit = git_commit()
     tags = {
@@ -47,8 +47,6 @@ def training_run_spec(
     if commit:
         tags["mlflow.source.git.commit"] = commit
     files = [("config", path) for path in config_chain(Path(config_path))] if config_path else []
-    if manifest:
-        files.append(("dataset", manifest_path))
     params = {key: str(value) for key, value in flatten(to_dict(cfg)).items()}
     params["world_size"] = str(world_size)
     return RunSpec(
@@ -60,6 +58,7 @@ def training_run_spec(
         texts={
             "config/resolved.yaml": yaml.safe_dump(to_dict(cfg), sort_keys=False),
             "deepspeed/ds_config.json": json.dumps(deepspeed_config, indent=2),
+            **({"dataset/manifest.json": json.dumps(manifest, indent=2)} if manifest else {}),
         },
     )
 
@@ -80,13 +79,6 @@ def config_chain(path: Path) -> list[Path]:
             break
         path = (path.parent / base).resolve()
     return chain
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 def git_commit() -> str | None:

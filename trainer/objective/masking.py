@@ -28,6 +28,7 @@ which the training loop seeds from (seed, step, rank) with :func:`seeded_generat
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 from pathlib import Path
@@ -105,10 +106,13 @@ def seeded_generator(*entropy: int, device: torch.device | str = "cpu") -> torch
 
 def load_token_counts(dataset_dir: str | Path) -> np.ndarray:
     """The dataset's per-token train-split frequencies (``manifest["token_counts"]``, see docs/contracts.md)."""
-    manifest_path = Path(dataset_dir) / "manifest.json"
+    from trainer.runtime import storage  # (the masking itself needs no storage)
+
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        counts = np.load(Path(dataset_dir) / manifest["token_counts"], allow_pickle=False)
+        manifest = json.loads(storage.read_bytes(storage.join(dataset_dir, "manifest.json")))
+        counts = np.load(
+            io.BytesIO(storage.read_bytes(storage.join(dataset_dir, manifest["token_counts"]))), allow_pickle=False
+        )
     except (OSError, KeyError, ValueError) as err:
         raise ConfigError(
             f"masking.frequency_smoothing: cannot read the token counts of {dataset_dir}: {err}"

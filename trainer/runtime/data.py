@@ -27,12 +27,15 @@ workers split a rank's micro-batches round-robin (micro-batch ``j`` is built by 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import itertools
 import json
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ import torch.distributed as dist
 import webdataset as wds
 
 from common.config import ConfigError
+from trainer.runtime import storage
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +56,17 @@ SAMPLE_TRACE_ENV = "ENCODER_DISTILL_SAMPLE_TRACE"
 
 @dataclass(frozen=True)
 class Shard:
-    path: str
+    path: str  # a local path or an object store URL (runtime.storage)
     samples: int
+    sha256: str | None = None  # from the manifest: what the shard's bytes must hash to
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """A dataset directory written by ``python -m preprocessing`` (see docs/contracts.md)."""
+    """A dataset written by ``python -m preprocessing`` (see docs/contracts.md): a local directory or an object
+    store URL (``s3://bucket/prefix``, any fsspec URL; runtime.storage)."""
 
-    root: Path
+    root: str
     manifest: dict[str, Any]
 
     @property
@@ -76,18 +82,37 @@ class Dataset:
         return int(self.manifest["max_seq_len"])
 
     def shards(self, split: str) -> list[Shard]:
-        """The split's non-empty shards, as absolute paths."""
+        """The split's non-empty shards, as absolute paths or URLs."""
         entries = self.manifest["splits"][split]["shards"]
-        return [Shard(str(self.root / e["path"]), int(e["samples"])) for e in entries if int(e["samples"]) > 0]
+        return [
+            Shard(storage.join(self.root, e["path"]), int(e["samples"]), e.get("sha256"))
+            for e in entries
+            if int(e["samples"]) > 0
+        ]
+
+
+def read_manifest(location: str | Path) -> dict[str, Any] | None:
+    """The dataset's ``manifest.json`` (local or in an object store), or None when there is none."""
+    path = storage.join(location, "manifest.json")
+    try:
+        text = storage.read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except (NotADirectoryError, IsADirectoryError):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"data: {path} is not valid JSON: {err}") from None
 
 
 def open_dataset(path: str | Path) -> Dataset:
     """Read ``manifest.json``; it is published last, so its absence means an unfinished dataset."""
-    root = Path(path)
-    manifest_path = root / "manifest.json"
-    if not manifest_path.is_file():
+    root = str(path)
+    manifest_path = storage.join(root, "manifest.json")
+    manifest = read_manifest(root)
+    if manifest is None:
         raise ConfigError(f"data: no manifest.json in {root} (not a finished `python -m preprocessing` output)")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     for split in ("train", "valid"):
         if split not in manifest.get("splits", {}):
             raise ConfigError(f"data: {manifest_path} has no '{split}' split")
@@ -116,6 +141,109 @@ def decode(sample: dict[str, Any]) -> np.ndarray:
     return np.load(io.BytesIO(sample[SAMPLE_FIELD]), allow_pickle=False)
 
 
+class DamagedShard(RuntimeError):
+    """A shard whose bytes are not the ones the preprocessing wrote (the manifest's sha256)."""
+
+
+@dataclass(frozen=True)
+class ShardReader:
+    """How shards are read: whole, from a local path or an object store (runtime.storage), each checked against
+    the manifest's sha256 before any of its samples is used, the next one read in the background while the
+    current one's samples are consumed (so reads overlap compute; at most two shards in memory per stream).
+
+    A shard that does not hash to the manifest's value stops the run with :class:`DamagedShard` naming it:
+    never a silent wrong sample. From an object store it is read once more first (a torn transfer).
+    ``cache_dir``: fetched remote shards are kept there (by their sha256, at most ``cache_max_gb``, the least
+    recently used evicted first), so that later epochs read the local copy."""
+
+    attempts: int = 5
+    retry_max_s: float = 30.0
+    cache_dir: str | None = None
+    cache_max_gb: float = 100.0
+
+    @classmethod
+    def from_config(cls, loader_cfg: Any) -> ShardReader:
+        return cls(loader_cfg.read_attempts, loader_cfg.read_retry_max_s, loader_cfg.cache_dir, loader_cfg.cache_max_gb)
+
+    def read(self, shard: Shard) -> bytes:
+        """The shard's verified bytes."""
+        remote = storage.is_url(shard.path)
+        cached = self.from_cache(shard) if remote else None
+        if cached is not None:
+            return cached
+        for attempt in (1, 2) if remote else (1,):
+            data = storage.read_bytes(shard.path, attempts=self.attempts, retry_max_s=self.retry_max_s)
+            digest = hashlib.sha256(data).hexdigest()
+            if shard.sha256 is None or digest == shard.sha256:
+                break
+            if attempt == 1 and remote:
+                log.warning("data: %s does not match its sha256 (a torn read?); reading it again", shard.path)
+                continue
+            raise DamagedShard(
+                f"data: shard {shard.path} is damaged: its {len(data):,} bytes hash to sha256 {digest[:16]}..., "
+                f"the manifest says {shard.sha256[:16]}... (truncated or modified after preprocessing; no sample of "
+                "it was used). Restore the shard or re-run the preprocessing."
+            )
+        if remote:
+            self.to_cache(shard, data)
+        return data
+
+    def samples(self, shards: list[Shard]) -> Iterator[dict[str, Any]]:
+        """The raw samples of ``shards`` in order; shard i + 1 is read while shard i's samples are consumed."""
+        if not shards:
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        try:
+            ahead = pool.submit(self.read, shards[0])
+            for i, shard in enumerate(shards):
+                data = ahead.result()
+                if i + 1 < len(shards):
+                    ahead = pool.submit(self.read, shards[i + 1])
+                files = wds.tariterators.tar_file_expander([{"url": shard.path, "stream": io.BytesIO(data)}])
+                yield from wds.tariterators.group_by_keys(files)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------------------------------- the cache
+    def cached_path(self, shard: Shard) -> Path | None:
+        return None if self.cache_dir is None or shard.sha256 is None else Path(self.cache_dir) / f"{shard.sha256}.tar"
+
+    def from_cache(self, shard: Shard) -> bytes | None:
+        path = self.cached_path(shard)
+        if path is None or not path.is_file():
+            return None
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != shard.sha256:  # damaged on the local disk: fetch it again
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # recently used
+        return data
+
+    def to_cache(self, shard: Shard, data: bytes) -> None:
+        path = self.cached_path(shard)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # workers of several ranks may write at once
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        entries = []
+        for entry in path.parent.glob("*.tar"):
+            with contextlib.suppress(FileNotFoundError):  # another process evicted it meanwhile
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry))
+        excess = sum(size for _, size, _ in entries) - self.cache_max_gb * 2**30
+        for _, size, entry in sorted(entries):
+            if excess <= 0:
+                break
+            if entry != path:
+                entry.unlink(missing_ok=True)
+                excess -= size
+
+
+DEFAULT_READER = ShardReader()  # no cache, the default retries: what a reader without a loader config uses
+
+
 @dataclass(frozen=True)
 class SlotStream:
     """The infinite, deterministic sample stream ``slot`` of ``num_slots`` (see the module docstring)."""
@@ -125,6 +253,7 @@ class SlotStream:
     num_slots: int
     seed: int
     shuffle_buffer: int
+    reader: ShardReader = DEFAULT_READER
 
     def epoch_plan(self, epoch: int) -> tuple[list[Shard], int, int]:
         """(shards this slot reads, stride, offset): it keeps sample ``g`` when ``g % stride == offset``."""
@@ -141,7 +270,7 @@ class SlotStream:
     def epoch_raw(self, epoch: int) -> Iterator[dict[str, Any]]:
         """This slot's raw (undecoded) samples of one epoch, shuffled through the buffer."""
         shards, stride, offset = self.epoch_plan(epoch)
-        mine = itertools.islice(wds.tarfile_samples([{"url": s.path} for s in shards]), offset, None, stride)
+        mine = itertools.islice(self.reader.samples(shards), offset, None, stride)
         rng = np.random.default_rng([self.seed, epoch, self.slot])
         buffer: list[dict[str, Any]] = []
         for sample in mine:
@@ -201,8 +330,10 @@ class TrainStream(torch.utils.data.IterableDataset):
         num_workers: int,
         seed: int,
         shuffle_buffer: int,
+        reader: ShardReader = DEFAULT_READER,
     ) -> None:
         super().__init__()
+        self.reader = reader
         self.shards = tuple(shards)
         self.micro_batch_size = micro_batch_size
         self.positions = dict(positions)
@@ -213,7 +344,7 @@ class TrainStream(torch.utils.data.IterableDataset):
         check_split_feeds_streams(self.shards, num_streams)
 
     def stream(self, k: int) -> SlotStream:
-        return SlotStream(self.shards, k, self.num_streams, self.seed, self.shuffle_buffer)
+        return SlotStream(self.shards, k, self.num_streams, self.seed, self.shuffle_buffer, self.reader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
@@ -310,6 +441,7 @@ class TrainLoader:
             num_workers=loader_cfg.num_workers,
             seed=seed,
             shuffle_buffer=loader_cfg.shuffle_buffer,
+            reader=ShardReader.from_config(loader_cfg),
         )
         workers = loader_cfg.num_workers
         self.loader = torch.utils.data.DataLoader(
@@ -364,7 +496,13 @@ def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def valid_batches(
-    dataset: Dataset, *, micro_batch_size: int, max_batches: int, rank: int, world_size: int
+    dataset: Dataset,
+    *,
+    micro_batch_size: int,
+    max_batches: int,
+    rank: int,
+    world_size: int,
+    reader: ShardReader = DEFAULT_READER,
 ) -> list[tuple[int, torch.Tensor]]:
     """This rank's share of the first ``max_batches`` valid batches, in file order, each with its index among them.
 
@@ -373,7 +511,7 @@ def valid_batches(
     last few are left out. An empty valid split gives none.
     """
     shards = dataset.shards("valid")
-    samples = wds.tarfile_samples([{"url": s.path} for s in shards])
+    samples = reader.samples(shards)
     rows = [decode(s) for s in itertools.islice(samples, max_batches * micro_batch_size)]
     batches = [np.stack(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
     if not batches:

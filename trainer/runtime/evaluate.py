@@ -21,7 +21,7 @@ import torch.distributed as dist
 from trainer.config import TrainConfig
 from trainer.objective.distiller import Distiller, eval_metrics
 from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
-from trainer.runtime.data import Dataset, padding_mask, valid_batches
+from trainer.runtime.data import DEFAULT_READER, Dataset, ShardReader, padding_mask, valid_batches
 
 if TYPE_CHECKING:  # a type only: `evaluate-mlm` builds no engine and need not import DeepSpeed (~2.6 s)
     from trainer.runtime.engine import Distributed
@@ -43,6 +43,7 @@ def fixed_masked_batches(
     rank: int,
     world_size: int,
     device: torch.device,
+    reader: ShardReader = DEFAULT_READER,
 ) -> list[EvalBatch]:
     """This rank's share of the first ``max_batches`` valid batches, each masked once from ``seed``.
 
@@ -52,7 +53,12 @@ def fixed_masked_batches(
     """
     batches = []
     shares = valid_batches(
-        dataset, micro_batch_size=micro_batch_size, max_batches=max_batches, rank=rank, world_size=world_size
+        dataset,
+        micro_batch_size=micro_batch_size,
+        max_batches=max_batches,
+        rank=rank,
+        world_size=world_size,
+        reader=reader,
     )
     for index, ids in shares:
         host_mask = padding_mask(ids, dataset.pad_id)
@@ -84,6 +90,7 @@ class Evaluation:
             rank=world.rank,
             world_size=world.world_size,
             device=world.device,
+            reader=ShardReader.from_config(cfg.loader),
         )
         if not self.batches and world.is_main:
             log.warning("data: %s has no valid samples; evaluation is skipped", dataset.root)

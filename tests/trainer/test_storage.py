@@ -1,0 +1,145 @@
+"""Reading the dataset where the preprocessing put it: damaged shards, an object store, its faults, the cache.
+
+The object store is a real S3-compatible server (moto's) on 127.0.0.1, reached through boto3's usual
+environment (``AWS_ENDPOINT_URL`` and keys) and, for the faults, through a TCP proxy that can cut every
+connection, as a store that went away does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import S3_CREDENTIALS, TcpProxy
+
+from trainer.config import LoaderConfig
+from trainer.objective.masking import load_token_counts
+from trainer.runtime import storage
+from trainer.runtime.data import (
+    DamagedShard,
+    ShardReader,
+    SlotStream,
+    TrainLoader,
+    open_dataset,
+    valid_batches,
+)
+
+
+def loader(data: str | Path, *, workers: int = 0, state: dict | None = None) -> TrainLoader:
+    cfg = LoaderConfig(num_workers=workers, shuffle_buffer=32, read_attempts=3, read_retry_max_s=1)
+    return TrainLoader(
+        open_dataset(data), micro_batch_size=4, rank=0, world_size=1, loader_cfg=cfg, seed=0, state=state
+    )
+
+
+def take(batches: TrainLoader, n: int) -> list[tuple[list[str], torch.Tensor]]:
+    return [(b["keys"], b["input_ids"]) for b in (next(batches) for _ in range(n))]
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch: pytest.MonkeyPatch):
+    """boto3's usual environment, pointed at the server (or at a proxy in front of it: ``s3_env(url)``)."""
+
+    def point_at(endpoint: str) -> None:
+        for key, value in {**S3_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+            monkeypatch.setenv(key, value)
+        storage.CLIENTS.clear()  # a client reads the environment when it is made
+
+    point_at(moto_server.url)
+    yield point_at
+    storage.CLIENTS.clear()
+
+
+@pytest.fixture
+def s3_dataset(moto_server, tiny_dataset_dir: Path) -> str:
+    return moto_server.upload(tiny_dataset_dir, "streamed", "tiny")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_shard_stops_the_run_naming_it_before_any_of_its_samples_is_used(
+    tiny_dataset_dir: Path, tmp_path: Path, damage: str
+):
+    data = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset_dir, data)
+    shards = open_dataset(data).shards("train")
+    order = SlotStream(tuple(shards), 0, 1, 0, 32).epoch_plan(0)[0]
+    victim = Path(order[1].path)  # the second shard read: the first one's samples come out intact
+    victim_keys = {s["__key__"] for s in ShardReader().samples([order[1]])}
+    raw = bytearray(victim.read_bytes())
+    if damage == "truncated":
+        del raw[len(raw) // 2 :]
+    else:
+        raw[len(raw) // 3] ^= 0x01  # one bit of one sample
+    victim.write_bytes(bytes(raw))
+
+    batches, used = loader(data), set()
+    with pytest.raises(DamagedShard, match=f"shard {victim} is damaged"):
+        for _ in range(1000):
+            used.update(next(batches)["keys"])
+    assert used and not used & victim_keys  # the shards before it were read; none of its samples was
+
+
+def test_a_dataset_in_an_object_store_streams_exactly_the_samples_of_its_local_copy(
+    s3_env, s3_dataset: str, tiny_dataset_dir: Path
+):
+    assert open_dataset(s3_dataset).manifest == open_dataset(tiny_dataset_dir).manifest
+    local, remote = loader(tiny_dataset_dir, workers=1), loader(s3_dataset, workers=1)
+    first_local, first_remote = take(local, 30), take(remote, 30)  # 120 samples: past the first shard
+    assert [k for k, _ in first_local] == [k for k, _ in first_remote]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(first_local, first_remote, strict=True))
+    # Exact resume: the store's loader, restarted from its state, goes on as the local one does.
+    state = remote.state()
+    assert state == local.state()
+    assert [k for k, _ in take(loader(s3_dataset, state=state), 10)] == [k for k, _ in take(local, 10)]
+    # The evaluation's batches and the token counts come from the store too.
+    for a, b in zip(
+        valid_batches(open_dataset(s3_dataset), micro_batch_size=4, max_batches=3, rank=0, world_size=1),
+        valid_batches(open_dataset(tiny_dataset_dir), micro_batch_size=4, max_batches=3, rank=0, world_size=1),
+        strict=True,
+    ):
+        assert a[0] == b[0] and torch.equal(a[1], b[1])
+    assert np.array_equal(load_token_counts(s3_dataset), load_token_counts(tiny_dataset_dir))
+
+
+def test_a_store_that_goes_away_is_retried_and_one_that_stays_away_is_named(s3_env, s3_dataset, moto_server):
+    proxy = TcpProxy(moto_server.port)
+    s3_env(proxy.url)
+    manifest = f"{s3_dataset}/manifest.json"
+    expected = storage.read_bytes(manifest)
+
+    proxy.down()  # back 1.5 s later: the second attempt (after 1 s) fails too, the third succeeds
+    threading.Timer(1.5, proxy.restore).start()
+    started = time.monotonic()
+    assert storage.read_bytes(manifest, attempts=5, retry_max_s=2) == expected
+    assert 1.5 < time.monotonic() - started < 10
+
+    proxy.down()
+    with pytest.raises(storage.StoreError, match=f"{manifest}: unreadable after 2 attempts"):
+        storage.read_bytes(manifest, attempts=2, retry_max_s=1)
+    proxy.restore()
+    with pytest.raises(FileNotFoundError):  # a missing object is no fault of the store: not retried
+        storage.read_once(f"{s3_dataset}/no-such-shard.tar")
+
+
+def test_the_cache_serves_later_epochs_and_stays_within_its_bound(s3_env, s3_dataset, moto_server, tmp_path):
+    shards = open_dataset(s3_dataset).shards("train")
+    size = len(storage.read_bytes(shards[0].path))
+    cache = tmp_path / "cache"
+    reader = ShardReader(cache_dir=str(cache), cache_max_gb=2.5 * size / 2**30)  # room for two shards
+    first = reader.read(shards[0])
+    assert sorted(p.name for p in cache.iterdir()) == [f"{shards[0].sha256}.tar"]
+
+    proxy = TcpProxy(moto_server.port)
+    s3_env(proxy.url)
+    proxy.down()  # the store is gone: the cached shard still reads, verified
+    assert reader.read(shards[0]) == first
+    proxy.restore()
+    for shard in shards[1:4]:
+        reader.read(shard)
+    kept = {p.name for p in cache.iterdir()}
+    assert len(kept) == 2 and kept == {f"{s.sha256}.tar" for s in shards[2:4]}  # the least recently used went
