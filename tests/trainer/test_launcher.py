@@ -306,8 +306,8 @@ def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_lik
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, moto_server
 ) -> None:
     """``data=s3://...`` on a real S3 server, reached through boto3's usual environment and a proxy that can cut
-    it off: killed and relaunched, the relaunch starting while the store is away for 6 s. The losses are those of
-    the reference run over the local copy, step for step."""
+    it off: killed and relaunched, the relaunch starting while the store is away (back once a read has failed).
+    The losses are those of the reference run over the local copy, step for step."""
     import threading
 
     from helpers import S3_CREDENTIALS, TcpProxy
@@ -317,10 +317,18 @@ def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_lik
     env = {**S3_CREDENTIALS, "AWS_ENDPOINT_URL": proxy.url}
     out, launches = tmp_path / "run", []
 
+    def restore_after_a_failed_read() -> None:
+        deadline = time.monotonic() + 120
+        while f"reading {url}/manifest.json failed" not in console_log(out).read_text():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        proxy.restore()
+
     def launch_run() -> subprocess.Popen:
-        if launches:  # the relaunch: the store is away when it starts, back 6 s later
+        if launches:  # the relaunch: the store is away when it starts, back once a read of it has failed
             proxy.down()
-            threading.Timer(6.0, proxy.restore).start()
+            threading.Thread(target=restore_after_a_failed_read, daemon=True).start()
         launches.append(start(tiny_teacher_dir, url, out, env=env))
         return launches[-1]
 
