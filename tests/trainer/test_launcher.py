@@ -303,16 +303,26 @@ def test_killed_rank_resumes_from_last_checkpoint_with_identical_losses(
 
 @pytest.mark.full
 def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_like_its_local_copy(
-    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, moto_server
+    tmp_path: Path,
+    tiny_teacher_dir: Path,
+    reference_run: Path,
+    moto_server,
+    bert_tokenizer_dir: Path,
+    sample_corpus: Path,
 ) -> None:
-    """``data=s3://...`` on a real S3 server, reached through boto3's usual environment and a proxy that can cut
-    it off: killed and relaunched, the relaunch starting while the store is away (back once a read has failed).
-    The losses are those of the reference run over the local copy, step for step."""
+    """``python -m preprocessing ... output=s3://...``, then ``data=s3://...`` on a real S3 server, reached through
+    boto3's usual environment and a proxy that can cut it off: killed and relaunched, the relaunch starting while
+    the store is away (back once a read has failed). The losses are those of the reference run over the local
+    dataset, step for step."""
     import threading
 
-    from helpers import S3_CREDENTIALS, TcpProxy
+    from helpers import S3_CREDENTIALS, TINY_DATASET_SETTINGS, TcpProxy, build_dataset
 
-    url = moto_server.upload(tiny_dataset_dir, "launcher", "tiny")
+    url = "s3://launcher/tiny"
+    moto_server.client().create_bucket(Bucket="launcher")
+    beam = {"direct_num_workers": 2, "s3_endpoint_url": moto_server.url, "s3_access_key_id": "testing",
+            "s3_secret_access_key": "testing", "s3_region_name": "us-east-1"}  # fmt: skip
+    build_dataset(url, bert_tokenizer_dir, sample_corpus, **TINY_DATASET_SETTINGS, beam=beam)
     proxy = TcpProxy(moto_server.port)
     env = {**S3_CREDENTIALS, "AWS_ENDPOINT_URL": proxy.url}
     out, launches = tmp_path / "run", []

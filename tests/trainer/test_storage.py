@@ -126,6 +126,23 @@ def test_a_store_that_goes_away_is_retried_and_one_that_stays_away_is_named(s3_e
         storage.read_once(f"{s3_dataset}/no-such-shard.tar")
 
 
+def test_a_store_that_goes_away_mid_run_is_waited_out_and_no_sample_changes(
+    s3_env, s3_dataset, moto_server, tiny_dataset_dir: Path
+):
+    proxy = TcpProxy(moto_server.port)
+    s3_env(proxy.url)
+    remote = loader(s3_dataset, workers=1)
+    before = take(remote, 5)  # the loader runs: its first shard is read
+    proxy.down()  # for 2.5 s, while the loader needs several more shards (128 samples each)
+    threading.Timer(2.5, proxy.restore).start()
+    started = time.monotonic()
+    after = take(remote, 150)
+    assert time.monotonic() - started > 2.0  # it waited the outage out (retrying) ...
+    local = take(loader(tiny_dataset_dir, workers=1), 155)
+    assert [k for k, _ in before + after] == [k for k, _ in local]  # ... and delivered what a local run does
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(before + after, local, strict=True))
+
+
 def test_the_cache_serves_later_epochs_and_stays_within_its_bound(s3_env, s3_dataset, moto_server, tmp_path):
     shards = open_dataset(s3_dataset).shards("train")
     size = len(storage.read_bytes(shards[0].path))
@@ -143,3 +160,19 @@ def test_the_cache_serves_later_epochs_and_stays_within_its_bound(s3_env, s3_dat
         reader.read(shard)
     kept = {p.name for p in cache.iterdir()}
     assert len(kept) == 2 and kept == {f"{s.sha256}.tar" for s in shards[2:4]}  # the least recently used went
+
+
+def test_any_fsspec_url_reads_like_a_local_directory(tiny_dataset_dir: Path):
+    """Schemes other than s3:// go through fsspec (gcsfs for gs://, ...); its in-memory filesystem stands in."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for path in tiny_dataset_dir.rglob("*"):
+        if path.is_file():
+            memory.pipe(f"/fsspec-tiny/{path.relative_to(tiny_dataset_dir)}", path.read_bytes())
+    try:
+        remote, local = take(loader("memory://fsspec-tiny"), 40), take(loader(tiny_dataset_dir), 40)
+        assert [k for k, _ in remote] == [k for k, _ in local]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(remote, local, strict=True))
+    finally:
+        memory.rm("/fsspec-tiny", recursive=True)
