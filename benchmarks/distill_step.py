@@ -86,7 +86,7 @@ from trainer.modeling import (
     training_dtype,
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
-from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
+from trainer.objective.masking import DynamicMasker, seeded_generator
 from trainer.runtime.profiling import profile_markdown, profiler_activities, summarize, synchronize
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
@@ -286,7 +286,11 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         if args.compile:
             distiller.compile_models()
         # As in training: frequency-smoothed masking (the DistilBERT preset) reads the dataset's token counts.
-        counts = load_token_counts(cfg.data) if cfg.masking.frequency_smoothing is not None else None
+        counts = None
+        if cfg.masking.frequency_smoothing is not None:
+            from trainer.runtime.data import load_token_counts  # the dataset's reader: only when a config needs it
+
+            counts = load_token_counts(cfg.data)
         masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)
         trainable = [p for p in distiller.parameters() if p.requires_grad]
         optimizer = MasterWeights(trainable, cfg, fused=args.fused_adamw and device.type == "cuda")

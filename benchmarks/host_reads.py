@@ -150,8 +150,8 @@ def main() -> None:
     from trainer.config import TrainConfig
     from trainer.modeling import build_student, load_teacher, training_dtype
     from trainer.objective.distiller import Distiller
-    from trainer.objective.masking import DynamicMasker, load_token_counts
-    from trainer.runtime.data import TrainLoader, open_dataset
+    from trainer.objective.masking import DynamicMasker
+    from trainer.runtime.data import TrainLoader, load_token_counts, open_dataset
     from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
     from trainer.runtime.guard import FiniteGuard
     from trainer.runtime.metrics import StepMeter

@@ -183,8 +183,8 @@ def test_masking_forward_and_backward_never_wait_for_the_device(
     from trainer.config import TrainConfig
     from trainer.modeling import build_student, load_teacher
     from trainer.objective.distiller import Distiller
-    from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
-    from trainer.runtime.data import TrainLoader, open_dataset, padding_mask
+    from trainer.objective.masking import DynamicMasker, seeded_generator
+    from trainer.runtime.data import TrainLoader, load_token_counts, open_dataset, padding_mask
     from trainer.runtime.host_reads import HostReads
 
     overrides = [f"teacher={tiny_teacher_dir}", f"data={gpu_dataset_dir}", "output_dir=unused", "micro_batch_size=4"]

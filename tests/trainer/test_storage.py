@@ -18,13 +18,13 @@ import torch
 from helpers import S3_CREDENTIALS, TcpProxy
 
 from trainer.config import LoaderConfig
-from trainer.objective.masking import load_token_counts
 from trainer.runtime import storage
 from trainer.runtime.data import (
     DamagedShard,
     ShardReader,
     SlotStream,
     TrainLoader,
+    load_token_counts,
     open_dataset,
     valid_batches,
 )

@@ -38,7 +38,7 @@ from trainer.commands.run_record import training_run_spec
 from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
 from trainer.objective.distiller import Distiller, validate_against_teacher
-from trainer.objective.masking import DynamicMasker, load_token_counts, seeded_generator
+from trainer.objective.masking import DynamicMasker, seeded_generator
 from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.data import (
     TrainLoader,
@@ -46,6 +46,7 @@ from trainer.runtime.data import (
     check_streams_fit,
     check_tokenizer,
     fresh_streams,
+    load_token_counts,
     open_dataset,
     padding_mask,
 )

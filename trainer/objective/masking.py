@@ -28,10 +28,8 @@ which the training loop seeds from (seed, step, rank) with :func:`seeded_generat
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,24 +100,6 @@ def seeded_generator(*entropy: int, device: torch.device | str = "cpu") -> torch
     generator = torch.Generator(device=device)
     generator.manual_seed((int(state[0]) << 31) ^ int(state[1]))
     return generator
-
-
-def load_token_counts(dataset_dir: str | Path) -> np.ndarray:
-    """The dataset's per-token train-split frequencies (``manifest["token_counts"]``, see docs/contracts.md)."""
-    from trainer.runtime import storage  # (the masking itself needs no storage)
-
-    try:
-        manifest = json.loads(storage.read_bytes(storage.join(dataset_dir, "manifest.json")))
-        counts = np.load(
-            io.BytesIO(storage.read_bytes(storage.join(dataset_dir, manifest["token_counts"]))), allow_pickle=False
-        )
-    except (OSError, KeyError, ValueError) as err:
-        raise ConfigError(
-            f"masking.frequency_smoothing: cannot read the token counts of {dataset_dir}: {err}"
-        ) from None
-    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer):
-        raise ConfigError(f"masking.frequency_smoothing: {dataset_dir} token counts must be a 1-D integer array")
-    return counts
 
 
 def word_continuations(tokenizer: Any) -> torch.Tensor:

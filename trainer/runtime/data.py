@@ -122,6 +122,23 @@ def open_dataset(path: str | Path) -> Dataset:
     return dataset
 
 
+def load_token_counts(dataset_dir: str | Path) -> np.ndarray:
+    """The dataset's per-token train-split frequencies (``manifest["token_counts"]``, see docs/contracts.md), which
+    ``masking.frequency_smoothing`` weights the masking with."""
+    try:
+        manifest = json.loads(storage.read_bytes(storage.join(dataset_dir, "manifest.json")))
+        counts = np.load(
+            io.BytesIO(storage.read_bytes(storage.join(dataset_dir, manifest["token_counts"]))), allow_pickle=False
+        )
+    except (OSError, KeyError, ValueError) as err:
+        raise ConfigError(
+            f"masking.frequency_smoothing: cannot read the token counts of {dataset_dir}: {err}"
+        ) from None
+    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer):
+        raise ConfigError(f"masking.frequency_smoothing: {dataset_dir} token counts must be a 1-D integer array")
+    return counts
+
+
 def check_tokenizer(dataset: Dataset, teacher_identity: dict[str, Any], teacher: str, key: str = "teacher") -> None:
     """A dataset tokenized for another tokenizer would train on garbage: refuse it up front.
 
