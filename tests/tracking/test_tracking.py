@@ -167,15 +167,19 @@ def test_a_run_whose_new_experiment_another_run_created_meanwhile_is_created(mlf
 def test_a_run_created_before_its_parent_run_is_nested_once_the_parent_exists(mlflow_server):
     """Task distillation opens its parent run and then a run per stage, each created by its own background
     thread. With the server down at the start, both are created when it is back, in either order: here the
-    stage first (it retries sooner). It is nested all the same, under the parent's id once that exists."""
+    stage first (the parent reaches the server through a proxy that stays cut off until the stage's run
+    exists). It is nested all the same, under the parent's id once that exists."""
+    from helpers import TcpProxy
     from mlflow import MlflowClient
 
     from trainer.tracking.config import MlflowConfig
     from trainer.tracking.tracker import RunSpec
 
+    proxy = TcpProxy(mlflow_server.port)
+    proxy.down()
     mlflow_server.stop()
     try:
-        late = MlflowConfig(tracking_uri=mlflow_server.uri, system_metrics=False, retry_initial_s=2, retry_max_s=2)
+        late = MlflowConfig(tracking_uri=proxy.url, system_metrics=False, retry_initial_s=0.5, retry_max_s=0.5)
         soon = MlflowConfig(tracking_uri=mlflow_server.uri, system_metrics=False, retry_initial_s=0.2, retry_max_s=0.4)
         parent = Tracker(late, spec=RunSpec(experiment="nested-late", run_name="parent"))
         stage = Tracker(soon, spec=RunSpec(experiment="nested-late", run_name="stage"), parent=parent)
@@ -183,6 +187,12 @@ def test_a_run_created_before_its_parent_run_is_nested_once_the_parent_exists(ml
         assert parent.run_id is None and stage.run_id is None  # nothing listens: neither run exists yet
     finally:
         mlflow_server.start()
+    deadline = time.monotonic() + 60
+    while stage.run_id is None:  # the stage's run is created first ...
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert parent.run_id is None
+    proxy.restore()  # ... then the parent's, while the stage waits to be nested
     stage.log_metrics({"train/loss": 1.0}, 1)
     stage.finish({})
     parent.finish({})
