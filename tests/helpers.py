@@ -442,12 +442,11 @@ class TcpProxy:
 
     def pipe(self, src: socket.socket, dst: socket.socket, bytes_per_s: float | None) -> None:
         try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-                if bytes_per_s:
-                    time.sleep(len(chunk) / bytes_per_s)
-        except OSError:
-            pass
+            with contextlib.suppress(OSError):  # a connection cut (down(), or by either end) just ends the pipe
+                while chunk := src.recv(65536):
+                    dst.sendall(chunk)
+                    if bytes_per_s:
+                        time.sleep(len(chunk) / bytes_per_s)
         finally:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
