@@ -86,6 +86,25 @@ def block_imports(dest: Path, names: tuple[str, ...] = ABSENT_ON_GPU_MACHINE) ->
     return dest
 
 
+def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
+    """Launch ``tests/trainer/engine_probe.py`` with the real ``deepspeed`` launcher on ``ranks`` CPU ranks (gloo)
+    over ``configs/tiny-cpu.yaml`` and ``overrides``; its measurements (memory held, communication per step,
+    checkpoint bytes)."""
+    out = out_dir / "engine.json"
+    deepspeed = Path(sys.executable).parent / "deepspeed"
+    cmd = [str(deepspeed), "--num_gpus", str(ranks), "tests/trainer/engine_probe.py", str(out), "configs/tiny-cpu.yaml"]
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    done = run_in_repo([*cmd, *overrides], env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
     """A small seeded ``BertForMaskedLM`` with the real bert-base-uncased vocabulary, saved like a hub model.
 

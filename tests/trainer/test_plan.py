@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import engine_probe
 
 from common.cli import run_cli
 from common.config import ConfigError, load_config
@@ -218,31 +218,16 @@ def test_memory_parts_equal_what_a_real_engine_keeps(
     tiny_teacher_dir: Path, tmp_path: Path, zero: str, precision: str
 ) -> None:
     """``plan``'s memory per rank against the tensors a real DeepSpeed engine keeps on two CPU ranks (the
-    launcher, gloo; ``tests/trainer/engine_memory.py``), with the shipped ZeRO JSON: between steps it holds
+    launcher, gloo; ``tests/trainer/engine_probe.py``), with the shipped ZeRO JSON: between steps it holds
     the teacher, the student's weights, the partitioned optimizer states, and under ZeRO-3 the gradient
     partition and the reduction bucket; during backward ZeRO-1 and -2 add their buckets. Offload is left
     out: on CPU ranks the offloaded states sit in the same memory as everything else."""
-    import subprocess
-    import sys
-
     from trainer.runtime.engine import deepspeed_config
 
     overrides = [f"teacher={tiny_teacher_dir}", "data=unused", "output_dir=unused", "micro_batch_size=2"]
     overrides += ["global_batch_size=4", f"deepspeed.config=configs/deepspeed/{zero}.json"]
     overrides += [f"deepspeed.precision={precision}"]
-    out = tmp_path / "engine.json"
-    deepspeed = Path(sys.executable).parent / "deepspeed"
-    cmd = [str(deepspeed), "--num_gpus", "2", "tests/trainer/engine_memory.py", str(out), "configs/tiny-cpu.yaml"]
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    done = subprocess.run([*cmd, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    engine = json.loads(out.read_text())
+    engine = engine_probe(2, tmp_path, overrides)
 
     cfg = load_config(TrainConfig, REPO / "configs" / "tiny-cpu.yaml", overrides)
     teacher_config = load_teacher_config(cfg.teacher)

@@ -25,6 +25,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
+from trainer.commands.plan_cluster import ASSUMPTIONS, Cluster, Sizing, cluster_plan
 from trainer.config import ObjectiveConfig, TrainConfig
 from trainer.modeling import (
     base_config,
@@ -397,9 +399,13 @@ def memory_per_rank(
 
 
 # ----------------------------------------------------------------------------------------- the plan
-def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) -> dict[str, Any]:
+def build_plan(
+    cfg: TrainConfig, world_size: int, seq_len: int | None = None, sizing: Sizing | None = None, preset: str = ""
+) -> dict[str, Any]:
     """Everything ``plan`` reports, as plain data (the ``--json`` output); ``teacher`` and ``teacher_params``
-    are None without a teacher."""
+    are None without a teacher. ``sizing``: the cluster to size the run for (by default ``world_size`` GPUs
+    in one node, the assumed bandwidths); ``preset``: the config's name, which finds the measured
+    single-GPU throughput in the committed GPU campaign."""
     teacher_config = None if cfg.teacher is None else load_teacher_config(cfg.teacher)
     validate_against_teacher(cfg, teacher_config)
     accumulation = cfg.gradient_accumulation_steps(world_size)
@@ -432,7 +438,8 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
     )
     shape = (cfg.micro_batch_size, cfg.masking.probability, seq_len)
     saved, peak = activation_bytes(distiller, *shape), peak_activation_bytes(distiller, *shape)
-    memory = memory_per_rank(distiller, meta_teacher, deepspeed_config(cfg, world_size), world_size, peak)
+    ds = deepspeed_config(cfg, world_size)
+    memory = memory_per_rank(distiller, meta_teacher, ds, world_size, peak)
     tokens_per_step = cfg.global_batch_size * seq_len
     plan: dict[str, Any] = {
         "config": to_dict(cfg),
@@ -471,10 +478,22 @@ def build_plan(cfg: TrainConfig, world_size: int, seq_len: int | None = None) ->
         "flops_total": flops["total"] * tokens_per_step * cfg.max_steps,
         "data": {"path": cfg.data, "found": manifest is not None},
     }
+    train_tokens = None
     if manifest is not None:
         train_samples = manifest["splits"]["train"]["samples"]
         plan["data"]["train_samples"] = train_samples
         plan["data"]["epochs"] = cfg.max_steps * cfg.global_batch_size / max(train_samples, 1)
+        train_tokens = train_samples * seq_len
+    plan["cluster"] = cluster_plan(
+        sizing or Sizing(Cluster(gpus_per_node=world_size)),
+        distiller,
+        ds,
+        (cfg.global_batch_size, cfg.micro_batch_size, seq_len),
+        preset,
+        cfg.max_steps,
+        cfg.checkpoint.every_steps,
+        train_tokens,
+    )
     return plan
 
 
@@ -532,20 +551,131 @@ def render(plan: dict[str, Any]) -> str:
         lines.append(f"data: {data['path']}: {data['train_samples']:,} train sequences, {data['epochs']:.2f} epochs")
     else:
         lines.append(f"data: {data['path']} has no manifest.json yet (not checked)")
-    return "\n".join(lines)
+    return "\n".join(lines + render_cluster(plan["cluster"], plan["config"]["deepspeed"], b))
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:,.3g} GB"
+
+
+def span(pair: list[float] | tuple[float, float], fmt: str, scale: float = 1.0) -> str:
+    """A (best, worst) pair as one figure when they agree to the shown precision, else as a range."""
+    low, high = sorted(x * scale for x in pair)
+    return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}-{format(high, fmt)}"
+
+
+def render_cluster(section: dict[str, Any], deepspeed: dict[str, Any], batch: dict[str, Any]) -> list[str]:
+    """The cluster lines of the report: each figure with what it rests on (measured, given or assumed)."""
+    layout, inputs = section["layout"], section["inputs"]
+    where = f"{layout['world_size']} rank(s) on {layout['nodes']} node(s) x {layout['gpus_per_node']}"
+    lines = [f"communication per optimizer step, per rank ({deepspeed['config']}, {deepspeed['precision']}, {where}):"]
+    if not section["communication"]:
+        lines[-1] += " none (one rank)"
+    for c in section["communication"]:
+        lines.append(
+            f"  {c['op']:<23} {c['carries']:<48} {gb(c['message_bytes'])} handed to DeepSpeed, "
+            f"{gb(c['link_bytes'])} through each link"
+        )
+
+    def said(key: str, text: str) -> str:
+        return f"{text} ({inputs[key]['source']})"
+
+    if "missing" in section:
+        return [*lines, f"step time: {section['missing']}"]
+    step, gpu = section["step"], inputs["gpu_tokens_per_s"]
+    link = "intra_node_gbs" if layout["nodes"] == 1 else "inter_node_gbs"
+    low, high = inputs["overlap"]["value"]
+    lines += [
+        f"single GPU: {gpu['value']:,.0f} tokens/s ({gpu['source']})",
+        f"step: compute {step['compute_s'] * 1e3:,.1f} ms + communication {step['comm_s'] * 1e3:,.1f} ms at "
+        + said(link, f"{inputs[link]['value']:g} GB/s")
+        + ", "
+        + said("overlap", f"{low:.0%}-{high:.0%} of the overlappable part hidden")
+        + f" = {span(step['seconds'], ',.1f', 1e3)} ms: {span(step['tokens_per_s'], ',.0f')} tokens/s, "
+        f"{span(step['efficiency'], '.0%')} of linear",
+        f"scaling ({layout['gpus_per_node']} GPU(s) per node, global batch {batch['global_batch_size']} x "
+        f"{batch['seq_len']}; efficiency against the single GPU times the GPUs):",
+        "  nodes   GPUs  accumulation   step ms        tokens/s               efficiency",
+    ]
+    scaling = section["scaling"]
+    for row in scaling["rows"]:
+        lines.append(
+            f"  {row['nodes']:>5} {row['gpus']:>6} {row['accumulation']:>13}   {span(row['step_s'], ',.1f', 1e3):<14} "
+            f"{span(row['tokens_per_s'], ',.0f'):<22} {span(row['efficiency'], '.0%')}"
+        )
+    knees = scaling["knee_nodes"]
+    last = scaling["rows"][-1]["nodes"] if scaling["rows"] else 0
+    knee = [f"{k} node(s)" if k is not None else f"none up to {last} node(s) (the batch allows no more)" for k in knees]
+    lines.append(
+        f"knee (doubling the nodes adds less than half their linear share): {knee[0]} with the most overlap, "
+        f"{knee[1]} with the least"
+    )
+    run, ckpt = section["run"], section["run"]["checkpoint"]
+    cost = (
+        ""
+        if run["cost"] is None
+        else f", cost {span(run['cost'], ',.0f')} at "
+        + said("gpu_hour_price", f"{inputs['gpu_hour_price']['value']:g} per GPU-hour")
+    )
+    lines.append(
+        f"run: {run['steps']:,} steps ({run['budget']}): wall-clock {span(run['wall_s'], ',.2f', 1 / 3600)} h, "
+        f"{span(run['gpu_hours'], ',.1f')} GPU-hours{cost}; checkpoints: {gb(ckpt['bytes'])} each, "
+        f"{ckpt['save_s']:,.1f} s per save at "
+        + said("storage_gbs", f"{inputs['storage_gbs']['value']:g} GB/s")
+        + f", {ckpt['saves']} saves = {span(ckpt['share'], '.1%')} of the run"
+    )
+    return lines
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    parser.add_argument("--world-size", type=int, default=None, help="GPUs in all (default: $WORLD_SIZE, or 1)")
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length when the dataset does not exist yet")
+    cluster = parser.add_argument_group("sizing a cluster run (docs/training.md, 'Sizing a cluster run')")
+    cluster.add_argument("--nodes", type=int, default=None, help="nodes (sets the world size with --gpus-per-node)")
+    cluster.add_argument("--gpus-per-node", type=int, default=None)
+    cluster.add_argument("--gpu-tokens-per-s", type=float, default=None, help="your single-GPU throughput")
+    cluster.add_argument("--tokens", default=None, help="token budget: a number, or 'data' (one pass; else max_steps)")
+    cluster.add_argument("--intra-node-gbs", type=float, default=None, help="all-reduce bus GB/s within a node")
+    cluster.add_argument("--inter-node-gbs", type=float, default=None, help="all-reduce bus GB/s across nodes")
+    cluster.add_argument("--overlap", default=None, metavar="LOW,HIGH", help="share of overlappable comm hidden")
+    cluster.add_argument("--storage-gbs", type=float, default=None, help="checkpoint write GB/s, all ranks")
+    cluster.add_argument("--gpu-hour-price", type=float, default=None)
     options = parser.parse_intermixed_args(argv)
-    if options.world_size < 1:
-        raise ConfigError("--world-size: must be >= 1")
+    sizing = sizing_from(options)
     path, overrides = split_config_args(options.args)
     cfg = load_config(TrainConfig, path, overrides)
-    plan = build_plan(cfg, options.world_size, options.seq_len)
+    preset = "" if path is None else Path(path).stem
+    plan = build_plan(cfg, sizing.cluster.world, options.seq_len, sizing, preset)
     print(json.dumps(plan, indent=2) if options.json else render(plan))
     return 0
+
+
+def sizing_from(options: argparse.Namespace) -> Sizing:
+    """The cluster the options describe: ``--nodes`` x ``--gpus-per-node`` GPUs, or ``--world-size`` GPUs in one
+    node; the options not given keep :class:`Cluster`'s assumed defaults."""
+    world = options.world_size
+    if options.nodes is not None or options.gpus_per_node is not None:
+        nodes, per_node = options.nodes or 1, options.gpus_per_node or 1
+        if world is not None and world != nodes * per_node:
+            raise ConfigError(f"--world-size {world} is not --nodes x --gpus-per-node = {nodes * per_node}")
+    else:
+        nodes, per_node = 1, world if world is not None else int(os.environ.get("WORLD_SIZE", 1))
+    if nodes < 1 or per_node < 1:
+        raise ConfigError("--world-size: must be >= 1")
+    given = {key: getattr(options, key) for key in ASSUMPTIONS if getattr(options, key) is not None}
+    if "overlap" in given:
+        try:
+            low, high = (float(x) for x in given["overlap"].split(","))
+        except ValueError:
+            raise ConfigError("--overlap: LOW,HIGH, two shares between 0 and 1 (e.g. 0,0.8)") from None
+        given["overlap"] = (low, high)
+    if options.tokens is not None and options.tokens != "data":
+        try:
+            float(options.tokens)
+        except ValueError:
+            raise ConfigError(f"--tokens: a number of tokens or 'data', not {options.tokens!r}") from None
+    cluster = Cluster(nodes=nodes, gpus_per_node=per_node, gpu_hour_price=options.gpu_hour_price, **given)
+    return Sizing(cluster, frozenset(given), options.gpu_tokens_per_s, options.tokens)

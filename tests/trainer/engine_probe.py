@@ -1,9 +1,9 @@
-"""What a real DeepSpeed engine keeps on a rank, counted tensor by tensor; run by the ``deepspeed`` launcher.
+"""What a real DeepSpeed engine keeps on a rank and sends per step; run by the ``deepspeed`` launcher.
 
-``deepspeed --num_gpus 2 tests/trainer/engine_memory.py OUT.json CONFIG.yaml [key=value ...]`` builds the
-engine as ``trainer train`` does (the trainer's own config, model and engine code), trains three steps
-on random batches of 64 tokens and writes, from rank 0, the bytes of every distinct tensor storage that
-Python objects reference on the CPU:
+``deepspeed --num_gpus N tests/trainer/engine_probe.py OUT.json CONFIG.yaml [key=value ...]`` builds the
+engine as ``trainer train`` does (the trainer's own config, model and engine code), trains three optimizer
+steps on random batches of 64 tokens and writes, from rank 0, the bytes of every distinct tensor storage
+that Python objects reference on the CPU:
 
 * ``held``: after the last optimizer step, the state the engine keeps between steps;
 * ``in_backward``: during the last backward, when the word embedding's gradient (the last one
@@ -11,7 +11,15 @@ Python objects reference on the CPU:
 * ``word_embedding_grad``: that gradient's own bytes, part of ``in_backward``.
 
 Saved activations live in autograd's C++ graph and are not counted (``plan`` counts them on the meta
-device). Used by ``tests/trainer/test_plan.py`` to check ``plan``'s memory parts against DeepSpeed.
+device). And, from DeepSpeed's own communication logger (``comms_logger`` in the DeepSpeed config):
+
+* ``comm``: per collective, the bytes of the tensors handed to it in one optimizer step (the mean of steps
+  2 and 3; step 1 also carries the engine's first-step set-up), ``{op: {message bytes: calls}}`` beside it
+  in ``comm_calls``;
+* ``checkpoint_bytes``: the files of one ``save_checkpoint`` (into ``OUT.checkpoint/``), all ranks together.
+
+Used by ``tests/trainer/test_plan.py`` (memory) and ``tests/trainer/test_plan_cluster.py``
+(communication, checkpoint size) to check ``plan`` against DeepSpeed.
 """
 
 from __future__ import annotations
@@ -61,7 +69,10 @@ def main(argv: list[str]) -> None:
     student = build_student(cfg.student, teacher)
     teacher.to(dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
-    engine = build_engine(distiller, cfg, deepspeed_config(cfg, world.world_size), world.device)
+    ds = deepspeed_config(cfg, world.world_size)
+    ds["comms_logger"] = {"enabled": True, "prof_all": True}
+    engine = build_engine(distiller, cfg, ds, world.device)
+    from deepspeed.comm.comm import comms_logger  # after deepspeed.initialize configured it
 
     counted: dict[str, int] = {}
 
@@ -80,8 +91,17 @@ def main(argv: list[str]) -> None:
             hook.remove()
         del loss
         engine.step()
+        if micro == engine.gradient_accumulation_steps() - 1:
+            comms_logger.comms_dict.clear()  # the first step's set-up is not a step's traffic
     gc.collect()
     counted["held"] = storage_bytes()
+    calls = {op: {size: record[0] for size, record in sizes.items()} for op, sizes in comms_logger.comms_dict.items()}
+    counted["comm_calls"] = calls
+    counted["comm"] = {op: sum(size * n for size, n in sizes.items()) / 2 for op, sizes in calls.items()}
+    saved = out.with_suffix(".checkpoint")  # beside OUT.json, the same directory on every rank
+    engine.save_checkpoint(str(saved), tag="probe")
+    torch.distributed.barrier()
+    counted["checkpoint_bytes"] = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
     if world.is_main:
         out.write_text(json.dumps(counted), encoding="utf-8")
 
