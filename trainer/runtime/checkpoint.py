@@ -26,6 +26,7 @@ import contextlib
 import logging
 import re
 import shutil
+import time
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,11 +210,13 @@ class Checkpointer:
             hf_files(self.root / tag / HF_DIR)
         # DeepSpeed's save begins with a barrier (no rank writes before rank 0 is done above) and ends with one
         # (every rank's files are written when it returns): only then may `latest` name the checkpoint.
+        started = time.monotonic()
         engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+        seconds = time.monotonic() - started  # what `plan --storage-gbs` stands for (docs/training.md)
         summary = describe(optimizer_summary(engine))
         if self.is_main:
             write_text_atomically(self.root / "latest", tag)
-            log.info("saved checkpoint %s: %s", self.root / tag, summary)
+            log.info("saved checkpoint %s in %.1f s: %s", self.root / tag, seconds, summary)
             prune(self.root, self.keep_last, step)
         dist.barrier()
         return self.root / tag
