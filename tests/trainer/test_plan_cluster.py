@@ -173,3 +173,15 @@ def test_default_cluster_is_one_node_of_world_size() -> None:
     assert Sizing(Cluster(gpus_per_node=4)).cluster.world == 4
     assert Cluster(nodes=2, gpus_per_node=8, intra_node_gbs=300, inter_node_gbs=50).link_gbs == 50
     assert Cluster(nodes=1, gpus_per_node=8, intra_node_gbs=300, inter_node_gbs=50).link_gbs == 300
+
+
+def test_the_worked_example_in_the_docs_is_the_committed_result_rendered() -> None:
+    """docs/training.md's table is generated from docs/training/plan-distilbert-base.json, never typed."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.plan_cluster_example import table
+
+    result = json.loads((REPO / "docs" / "training" / "plan-distilbert-base.json").read_text(encoding="utf-8"))
+    assert table(result) in (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    assert not result["dirty"]
