@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -47,8 +48,22 @@ def split_model_args(args: list[str], usage: str | None = None) -> tuple[str | N
     return (configs[0] if configs else None), overrides
 
 
+def quiet_libraries() -> None:
+    """Silence, at their source, the library output a user cannot act on: transformers' and the Hub's
+    progress bars (``Loading weights``, ``Writing model shards``: a redraw per step, for loads that take
+    milliseconds) and MLflow's ``Downloading artifacts`` bars. Each is a switch the library reads when it
+    draws, so a user who wants them back sets the variable in their shell (``setdefault``)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if "transformers" in sys.modules:  # imported before the switch was read: tell it directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
     """Run ``main``; a ConfigError (or other user error) becomes one line on stderr, exit 2."""
+    quiet_libraries()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         return int(main(sys.argv[1:] if argv is None else argv) or 0)

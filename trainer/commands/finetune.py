@@ -213,13 +213,20 @@ def load_classifier(model_dir: Path, head: dict[str, Any]) -> Any:
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    loader_log = hf_logging.get_logger("transformers.modeling_utils")
-    level = loader_log.level
-    loader_log.setLevel(logging.ERROR)  # errors (and a size mismatch, which raises) still surface
+    # Errors (and a size mismatch, which raises) still surface. transformers runs its tensor-parallel plan check
+    # exactly when the loader's level is WARNING or above, and that check warns (one line of ~1,000 characters)
+    # that the classifier's layers "were not sharded": true and irrelevant without tensor parallelism.
+    loggers = [
+        hf_logging.get_logger(f"transformers.{name}") for name in ("modeling_utils", "distributed.tensor_parallel")
+    ]
+    levels = [quieted.level for quieted in loggers]
+    for quieted in loggers:
+        quieted.setLevel(logging.ERROR)
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(model_dir, **head, output_loading_info=True)
     finally:
-        loader_log.setLevel(level)
+        for quieted, level in zip(loggers, levels, strict=True):
+            quieted.setLevel(level)
     new_head = ("classifier.", "pooler.")
     missing = sorted(info["missing_keys"])
     unexpected = [k for k in info["unexpected_keys"] if not k.startswith(("cls.predictions.", "lm_head."))]
