@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import provenance, write_result  # noqa: E402  (REPO on the path first)
+from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402  (REPO on the path first)
 
 PRESET = ["configs/distilbert-base.yaml", "teacher=configs/teachers/bert-base-uncased", "data=no-dataset"]
 LAYOUTS = {  # name -> plan's cluster options
@@ -29,7 +29,6 @@ LAYOUTS = {  # name -> plan's cluster options
     "8 nodes x 8": ["--nodes", "8", "--gpus-per-node", "8"],
     "8 nodes x 8, 25 GB/s network": ["--nodes", "8", "--gpus-per-node", "8", "--inter-node-gbs", "25"],
 }
-START, END = "<!-- plan-example:start -->", "<!-- plan-example:end -->"
 
 
 def run_plan(options: list[str]) -> dict:
@@ -71,12 +70,6 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
-def render_into(doc: Path, result: dict) -> None:
-    text = doc.read_text(encoding="utf-8")
-    start, end = text.index(START) + len(START), text.index(END)
-    doc.write_text(text[:start] + "\n" + table(result) + "\n" + text[end:], encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "training" / "plan-distilbert-base.json")
@@ -93,7 +86,7 @@ def main() -> int:
         }
         write_result(args.out, result)
     if args.docs is not None:
-        render_into(args.docs, result)
+        render_between_markers(args.docs, "plan-example", table(result))
     print(table(result))
     return 0
 

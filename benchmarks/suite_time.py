@@ -74,6 +74,15 @@ def provenance(command: str, tree: Path = REPO) -> dict:
     }
 
 
+def render_between_markers(doc: Path, name: str, text: str) -> None:
+    """Replace what lies between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` in ``doc`` with ``text``: the
+    docs' tables are generated from result files, never typed."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    page = doc.read_text(encoding="utf-8")
+    head, tail = page.index(start) + len(start), page.index(end)
+    doc.write_text(page[:head] + "\n" + text + "\n" + page[tail:], encoding="utf-8")
+
+
 def write_result(path: Path | None, result: dict) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

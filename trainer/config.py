@@ -249,6 +249,9 @@ class DeepSpeedConfig:
     # ops per parameter and 2 host reads a step (docs/benchmarks.md, "Host work per step"); ZeRO-3 skips a step
     # whose gradient norm is not finite in either case.
     bf16_skip_nonfinite: bool = False
+    # A rank that has not been heard from for this long (its node died or froze) stops every other rank, with
+    # one line naming it (trainer/runtime/peers.py); a relaunch resumes from the last complete checkpoint.
+    peer_timeout_s: float = 120.0
 
     @property
     def skips_nonfinite_steps(self) -> bool:
@@ -258,6 +261,7 @@ class DeepSpeedConfig:
 
     def validate(self) -> None:
         require(0 <= self.initial_scale_power <= 64, "deepspeed.initial_scale_power", "must be in [0, 64]")
+        require(self.peer_timeout_s >= 5, "deepspeed.peer_timeout_s", "must be >= 5 (seconds)")
         require(
             self.precision == "bf16" or not self.bf16_skip_nonfinite,
             "deepspeed.bf16_skip_nonfinite",

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -360,29 +361,81 @@ def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
     passwordless ssh starts them: the same hostfile, ``--no_ssh``, each its ``--node_rank``, the first
     node's address and an explicit port. They form one world of two ranks (not two runs of one: the
     free-port rendezvous of a one-node launch must stand aside) whose losses are the one-node run's."""
-    from helpers import free_port
-
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
     out = tmp_path / "run"
-    first_node = ("--master_addr=127.0.0.1", f"--master_port={free_port()}")
-    nodes = [
-        launch(
-            "configs/tiny-cpu.yaml",
-            out,
-            f"teacher={tiny_teacher_dir}",
-            f"data={tiny_dataset_dir}",
-            launcher=("--hostfile", str(hostfile), "--no_ssh", f"--node_rank={node}", *first_node),
-            log_name=f"node{node}",
-        )
-        for node in (0, 1)
-    ]
+    nodes = two_nodes(out, tiny_teacher_dir, tiny_dataset_dir)
     for node, proc in enumerate(nodes):
         finish(proc, out, f"node{node}")
         log = console_log(out, f"node{node}").read_text()
         assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
     assert train_losses(out) == train_losses(reference_run)
     check_student(out / "student")
+
+
+def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: str = "") -> list[subprocess.Popen]:
+    """Two launcher invocations acting as two machines of one CPU rank each: one hostfile, ``--no_ssh``, each
+    its ``--node_rank``, the first node's address and an explicit port."""
+    from helpers import free_port
+
+    hostfile = out.parent / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    first_node = ("--master_addr=127.0.0.1", f"--master_port={free_port()}")
+    return [
+        launch(
+            "configs/tiny-cpu.yaml",
+            out,
+            f"teacher={teacher}",
+            f"data={data}",
+            *overrides,
+            launcher=("--hostfile", str(hostfile), "--no_ssh", f"--node_rank={node}", *first_node),
+            log_name=f"node{node}{log_name}",
+        )
+        for node in (0, 1)
+    ]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, lost: int
+) -> None:
+    """A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
+    them) would hold the other inside a collective until the process group's 10-minute timeout. With
+    ``deepspeed.peer_timeout_s=10`` the other node stops within about 10 s plus a heartbeat, with one line naming
+    the lost rank and node (for node 0, the rendezvous store it hosts), and relaunching both nodes resumes from
+    the last complete checkpoint and trains as the uninterrupted run did."""
+    import psutil
+
+    out = tmp_path / "run"
+    nodes = two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, "deepspeed.peer_timeout_s=10")
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while (saved := latest_step(out)) is None or max(train_losses(out), default=0) < saved + 1:
+        assert all(p.poll() is None for p in nodes) and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    frozen = [psutil.Process(nodes[lost].pid), *psutil.Process(nodes[lost].pid).children(recursive=True)]
+    for p in frozen:
+        p.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    survivor = nodes[1 - lost]
+    assert survivor.wait(timeout=120) != 0
+    took = time.monotonic() - stopped_at
+    for p in frozen:
+        p.send_signal(signal.SIGKILL)
+    nodes[lost].wait(timeout=60)
+    log = console_log(out, f"node{1 - lost}").read_text()
+    if lost == 1:
+        said = r"rank 0: rank 1 \(node 1\) has not answered for \d+ s: its node died or froze; stopping this rank"
+    else:
+        # rank 0 hosts the rendezvous store: whichever falls silent first in the watch's eyes is named
+        store = r"(the rendezvous store at 127\.0\.0\.1:\d+ \()?"
+        said = rf"rank 1: {store}rank 0 \(node 0\)('s process\))? has not answered"
+    assert re.search(said, log), log[-3000:]
+    assert took < 45, f"the surviving node took {took:.0f} s to stop"  # 10 s + a heartbeat + the launcher's teardown
+    resume_from = latest_step(out)
+
+    for node, proc in enumerate(two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")):
+        finish(proc, out, f"node{node}-relaunch")
+    assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
+    assert train_losses(out) == train_losses(reference_run)
 
 
 OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"
@@ -415,7 +468,7 @@ def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_po
     log = console_log(out).read_text()
     assert "saved by 2 rank(s), this launch has 1: loading its universal form" in log
     assert "saved by 1 rank(s), this launch has 2: loading its universal form" in log
-    saved = {m[0]: m[1:] for m in re.findall(rf"saved checkpoint \S+/step-0*(\d+): {OPTIMIZER_LINE}", log)}
+    saved = {m[0]: m[1:] for m in re.findall(rf"saved checkpoint \S+/step-0*(\d+) in [\d.]+ s: {OPTIMIZER_LINE}", log)}
     resumed = {m[0]: m[1:] for m in re.findall(rf"resumed from step (\d+) in \S+: {OPTIMIZER_LINE}", log)}
     assert sorted(resumed, key=int) == ["3", "6"]
     for step, (adam_step, exp_avg, exp_avg_sq) in resumed.items():

@@ -55,6 +55,7 @@ from trainer.runtime.evaluate import Evaluation
 from trainer.runtime.guard import FiniteGuard
 from trainer.runtime.metrics import MetricsLog, StepMeter
 from trainer.runtime.optim import follow_schedule, follow_settings
+from trainer.runtime.peers import PeerWatch
 from trainer.runtime.profiling import step_profiler
 from trainer.tracking.checkpoints import start_registrar
 from trainer.tracking.registry import register_or_explain
@@ -76,6 +77,9 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     directory."""
     # Cheap checks first: a bad config or dataset fails in seconds, before any weight is loaded.
     world = init_distributed()
+    watch = PeerWatch.for_this_rank(cfg.deepspeed.peer_timeout_s)  # a lost node stops every rank, in a bound
+    if watch is not None:
+        watch.start()
     output_dir = Path(cfg.output_dir)
     checkpoints = Checkpointer(
         output_dir, every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last, is_main=world.is_main
@@ -220,6 +224,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         log.info("exported the student to %s", student_dir)
     dist.barrier()
     tracker.finish({})
+    if watch is not None:
+        watch.stop()  # the collectives are over; rank 0 alone registers below
     if world.is_main:  # if mlflow.register_as
         register_or_explain(student_dir, cfg.mlflow, tracker, tags={"kind": "final", **facts.tags(step)})
     return student_dir

@@ -121,6 +121,33 @@ def convert_to_universal(checkpoint: Path) -> Path:
     return dest
 
 
+def conversion_bound_s(checkpoint: Path) -> float:
+    """How long the other ranks wait for rank 0's universal conversion of ``checkpoint``: 10 minutes, plus a
+    minute per GB of its files (a conservative 17 MB/s for DeepSpeed's serial converter). Rank 0 is known to be
+    alive meanwhile (``runtime.peers``), so the bound only catches a conversion that is stuck."""
+    size = sum(f.stat().st_size for f in checkpoint.iterdir() if f.is_file())
+    return 600.0 + 60.0 * size / 1e9
+
+
+def wait_for_conversion(checkpoint: Path, rank: int, poll_s: float = 1.0) -> Path:
+    """Wait, on a rank other than 0, for ``checkpoint/universal`` (renamed into place whole by
+    :func:`convert_to_universal`, on the filesystem every rank reads checkpoints from), logging while it waits;
+    a TimeoutError after :func:`conversion_bound_s`."""
+    dest, bound = checkpoint / UNIVERSAL_DIR, conversion_bound_s(checkpoint)
+    deadline = time.monotonic() + bound
+    with logged_while_waiting(
+        f"rank {rank}: waiting for rank 0 to convert {checkpoint} to universal", level=logging.INFO
+    ):
+        while not dest.is_dir():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {rank}: rank 0 did not finish converting {checkpoint} to its universal form within "
+                    f"{bound:.0f} s (10 minutes + 1 minute per GB of checkpoint); see {checkpoint}/universal.log"
+                )
+            time.sleep(poll_s)
+    return dest
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint a launch resumes from, and whether it must go through the universal form."""
@@ -245,11 +272,9 @@ class Checkpointer:
                     point.world_size,
                 )
                 convert_to_universal(point.checkpoint)
-                dist.barrier()
             else:  # the conversion takes minutes for a large model: say what this rank waits for
-                waiting = f"rank {dist.get_rank()}: waiting for rank 0 to convert {point.checkpoint} to universal"
-                with logged_while_waiting(waiting, level=logging.INFO):
-                    dist.barrier()
+                wait_for_conversion(point.checkpoint, dist.get_rank())
+            dist.barrier()
             load_dir, tag = point.checkpoint, UNIVERSAL_DIR
         path, client_state = engine.load_checkpoint(
             str(load_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
