@@ -86,6 +86,20 @@ def block_imports(dest: Path, names: tuple[str, ...] = ABSENT_ON_GPU_MACHINE) ->
     return dest
 
 
+FAULT_RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"
+
+
+def record_fault(name: str, **record: object) -> None:
+    """What a fault-injection test saw (faults injected, outcome, times), kept as ``NAME.json`` in the directory
+    ``$ENCODER_DISTILL_FAULT_RECORDS`` names, when it does: ``benchmarks/reliability.py`` runs these tests and
+    makes docs/training.md's reliability table from the records. Nothing otherwise."""
+    where = os.environ.get(FAULT_RECORDS_ENV)
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        (Path(where) / f"{name}.json").write_text(json.dumps({"test": test, **record}, indent=2))
+
+
 def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
     """Launch ``tests/trainer/engine_probe.py`` with the real ``deepspeed`` launcher on ``ranks`` CPU ranks (gloo)
     over ``configs/tiny-cpu.yaml`` and ``overrides``; its measurements (memory held, communication per step,

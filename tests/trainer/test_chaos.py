@@ -15,6 +15,7 @@ optimizer state, tensor by tensor, and the exported student, byte by byte, equal
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import signal
@@ -22,12 +23,13 @@ import subprocess
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
-from helpers import console_log, latest_step, launch_run, records
+from helpers import console_log, latest_step, launch_run, record_fault, records
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 80
@@ -91,10 +93,23 @@ def check_latest_is_complete(out: Path, world: int = 2) -> None:
     assert (tag / "hf" / "config.json").is_file()
 
 
-def kill_once(launch: Callable[[], subprocess.Popen], out: Path, rng: random.Random, kind: str, timeout: float) -> str:
-    """Launch, wait for the moment ``kind`` asks for, SIGKILL, and wait for the launcher to stop. Returns what
-    the kill hit: ``save`` only when it left a checkpoint half-written (a step directory ``latest`` does not
-    name), ``rank`` for a rank killed anywhere else, ``worker``, or ``finished`` when the run ended first."""
+@dataclass
+class Kill:
+    """One launch of the chaos run and the kill that ended it. ``hit``: ``save`` only when the kill left a
+    checkpoint half-written (a step directory ``latest`` does not name), ``rank`` for a rank killed anywhere
+    else, ``worker``, or ``finished`` when the run ended first. ``back_s``: from the launch to its first step
+    past what earlier launches had logged (the recovery from the kill before it); ``stop_s``: from the kill
+    to the launcher's exit; ``redone``: the steps logged before the kill that a relaunch repeats."""
+
+    hit: str
+    back_s: float
+    stop_s: float = 0.0
+    redone: int = 0
+
+
+def kill_once(launch: Callable[[], subprocess.Popen], out: Path, rng: random.Random, kind: str, timeout: float) -> Kill:
+    """Launch, wait for the moment ``kind`` asks for, SIGKILL, and wait for the launcher to stop."""
+    launched = time.monotonic()
     proc = launch()
     launcher = psutil.Process(proc.pid)
     resumed_past = last_logged_step(out)  # what earlier launches logged: this one must get beyond it
@@ -102,9 +117,12 @@ def kill_once(launch: Callable[[], subprocess.Popen], out: Path, rng: random.Ran
     delay, which = rng.uniform(0.0, 1.0), rng.randrange(2)  # drawn up front: the same draws whatever the timing
     while len(ranks := ranks_of(launcher)) < 2 or last_logged_step(out) <= resumed_past:
         if proc.poll() is not None:
-            return "finished"
+            return Kill("finished", time.monotonic() - launched)
         assert time.monotonic() < deadline, "the relaunch did not get past its resume point"
         time.sleep(0.005)
+    back_s = time.monotonic() - launched
+    if kind == "none":  # the last launch: let it finish
+        return Kill("finished" if proc.wait(timeout=timeout) == 0 else "failed", back_s)
     rank = sorted(ranks, key=lambda p: p.pid)[which]
     victim = workers_of(rank)[:1] if kind == "worker" else [rank]
     if kind == "save":  # poll the filesystem only: a save of this tiny model takes tens of milliseconds
@@ -114,30 +132,30 @@ def kill_once(launch: Callable[[], subprocess.Popen], out: Path, rng: random.Ran
     else:
         time.sleep(delay)
     if proc.poll() is not None or not victim:
-        return "finished" if proc.wait() == 0 else kind
+        return Kill("finished" if proc.wait() == 0 else kind, back_s)
     with contextlib.suppress(psutil.NoSuchProcess):  # it ended on its own just now
         victim[0].send_signal(signal.SIGKILL)
-    rc = proc.wait(timeout=120)
-    if rc == 0:
-        return "finished"
-    return "save" if saving(out) else "worker" if kind == "worker" else "rank"
+    killed = time.monotonic()
+    if proc.wait(timeout=120) == 0:
+        return Kill("finished", back_s)
+    hit = "save" if saving(out) else "worker" if kind == "worker" else "rank"
+    return Kill(hit, back_s, time.monotonic() - killed, last_logged_step(out) - (latest_step(out) or 0))
 
 
-def chaos_run(teacher: Path, data: Path, out: Path, kills: int, seed: int) -> list[str]:
-    """Kill and relaunch until ``kills`` kills have landed, then let the run finish; returns what was killed,
-    in order. Every kind comes round in turn so that each is hit at least ``kills // 3`` times."""
+def chaos_run(teacher: Path, data: Path, out: Path, kills: int, seed: int) -> list[Kill]:
+    """Kill and relaunch until ``kills`` kills have landed, then let the run finish; returns the launches, the
+    last one (``finished``) included. Every kind comes round in turn."""
     rng = random.Random(seed)
     kinds = ["rank", "save", "worker"]
-    landed: list[str] = []
-    while len(landed) < kills:
-        kind = kinds[len(landed) % len(kinds)]
-        what = kill_once(lambda: start(teacher, data, out), out, rng, kind, RUN_TIMEOUT)
-        assert what != "finished", f"the run finished after {landed}: too few steps for {kills} kills"
-        landed.append(what)
+    launches: list[Kill] = []
+    while len(launches) < kills:
+        kind = kinds[len(launches) % len(kinds)]
+        launches.append(kill_once(lambda: start(teacher, data, out), out, rng, kind, RUN_TIMEOUT))
+        assert launches[-1].hit != "finished", f"the run finished after {launches}: too few steps for {kills} kills"
         check_latest_is_complete(out)
-    proc = start(teacher, data, out)
-    assert proc.wait(timeout=RUN_TIMEOUT) == 0, console_log(out).read_text()[-4000:]
-    return landed
+    launches.append(kill_once(lambda: start(teacher, data, out), out, rng, "none", RUN_TIMEOUT))
+    assert launches[-1].hit == "finished", console_log(out).read_text()[-4000:]
+    return launches
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -169,7 +187,8 @@ def test_ten_sigkills_at_random_moments_end_bitwise_where_an_uninterrupted_run_e
     assert proc.wait(timeout=RUN_TIMEOUT) == 0, console_log(reference).read_text()[-4000:]
 
     out = tmp_path / "chaos" / "run"
-    landed = chaos_run(tiny_teacher_dir, tiny_dataset_dir, out, KILLS, SEED)
+    launches = chaos_run(tiny_teacher_dir, tiny_dataset_dir, out, KILLS, SEED)
+    landed = [launch.hit for launch in launches[:-1]]
     assert len(landed) >= KILLS and {"rank", "save", "worker"} <= set(landed)  # a save torn at least once
     log = console_log(out).read_text()
     assert log.count("resumed from step") >= KILLS - 1  # a kill before the first save restarts from step 0
@@ -184,4 +203,16 @@ def test_ten_sigkills_at_random_moments_end_bitwise_where_an_uninterrupted_run_e
             assert torch.equal(expected[key], got[key]), f"{name}{key}"
     student = "student/model.safetensors"
     assert (out / student).read_bytes() == (reference / student).read_bytes()
-    print(f"chaos: {len(landed)} SIGKILLs survived: {', '.join(landed)}")
+    recoveries = [launch.back_s for launch in launches[1:]]
+    record_fault(
+        "chaos-sigkill",
+        fault="SIGKILL at seeded random moments (2 CPU ranks, one node)",
+        injected=len(landed),
+        kinds=dict(collections.Counter(landed)),
+        outcome="relaunched with the same command each time; final weights, optimizer state and student bitwise "
+        "equal to the uninterrupted run's; `latest` named a complete checkpoint after every kill",
+        data_lost=0,
+        stop_s=max(launch.stop_s for launch in launches[:-1]),
+        recovery_s=[min(recoveries), max(recoveries)],
+        steps_redone=[min(k.redone for k in launches[:-1]), max(k.redone for k in launches[:-1])],
+    )

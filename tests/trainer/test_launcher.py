@@ -36,6 +36,7 @@ from helpers import (
     finish_run,
     latest_step,
     launch_run,
+    record_fault,
     records,
     run_in_repo,
 )
@@ -430,12 +431,25 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
         said = rf"rank 1: {store}rank 0 \(node 0\)('s process\))? has not answered"
     assert re.search(said, log), log[-3000:]
     assert took < 45, f"the surviving node took {took:.0f} s to stop"  # 10 s + a heartbeat + the launcher's teardown
-    resume_from = latest_step(out)
+    resume_from, logged = latest_step(out), max(train_losses(out))
 
+    relaunched = time.monotonic()
     for node, proc in enumerate(two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")):
         finish(proc, out, f"node{node}-relaunch")
     assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
     assert train_losses(out) == train_losses(reference_run)
+    record_fault(
+        f"node-{lost}-frozen",
+        fault=f"node {lost} of 2 frozen mid-step (SIGSTOP{', the rendezvous store with it' if lost == 0 else ''})",
+        injected=1,
+        kinds={"SIGSTOP": 1},
+        outcome=f"the other node stopped with one line naming rank {lost} (node {lost}); both relaunched, resumed "
+        f"from step {resume_from}, losses equal to the uninterrupted run's",
+        data_lost=0,
+        stop_s=took,
+        recovery_s=[time.monotonic() - relaunched] * 2,  # relaunch to the end of the run (a few steps)
+        steps_redone=[logged - resume_from] * 2,
+    )
 
 
 OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"

@@ -1,0 +1,87 @@
+"""docs/training.md's reliability table: the fault-injection tests run once more, each leaving a record of what it
+injected and what happened, gathered into one result file and rendered as the table.
+
+    python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/training.md]
+    python benchmarks/reliability.py --from-result --docs docs/training.md   # render the committed file
+
+The tests (``FAULT_TESTS``) are the suite's own, in its full tier: they start the real launcher on CPU ranks
+and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test
+that fails fails this script. Each writes its record through ``tests/helpers.record_fault``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402
+
+FAULT_TESTS = [
+    "tests/trainer/test_chaos.py",
+    "tests/trainer/test_launcher.py::test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume",
+]
+RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV
+
+
+def span(pair: list[float], fmt: str) -> str:
+    low, high = (format(x, fmt) for x in pair)
+    return low if low == high else f"{low}-{high}"
+
+
+def table(result: dict) -> str:
+    rows = [
+        "| fault | injected | by kind | outcome | data lost | survivors stopped in (s) | back to training in (s) "
+        "| steps redone |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for record in result["records"]:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in record["kinds"].items())
+        rows.append(
+            f"| {record['fault']} | {record['injected']} | {kinds} | {record['outcome']} | {record['data_lost']} | "
+            f"{record['stop_s']:.1f} | {span(record['recovery_s'], '.0f')} | {span(record['steps_redone'], 'd')} |"
+        )
+    rows += [
+        "",
+        f"From `{result['result_file']}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs), made by "
+        f"`{result['command']}`; each row is a test in the suite's full tier: {', '.join(sorted(result['tests']))}.",
+    ]
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "training" / "reliability.json")
+    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
+    parser.add_argument("--from-result", action="store_true", help="render --out as it is, without running tests")
+    args = parser.parse_args()
+    if args.from_result:
+        result = json.loads(args.out.read_text(encoding="utf-8"))
+    else:
+        header = provenance(" ".join(["python benchmarks/reliability.py", *sys.argv[1:]]))
+        with tempfile.TemporaryDirectory() as records:
+            env = {**os.environ, RECORDS_ENV: records, "DS_ACCELERATOR": "cpu"}
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAULT_TESTS]
+            subprocess.run(command, cwd=REPO, env=env, check=True)
+            found = [json.loads(p.read_text()) for p in sorted(Path(records).glob("*.json"))]
+        result = {
+            **header,
+            "result_file": str(args.out.resolve().relative_to(REPO)),
+            "tests": sorted({r["test"] for r in found}),
+            "records": found,
+        }
+        write_result(args.out, result)
+    if args.docs is not None:
+        render_between_markers(args.docs, "reliability", table(result))
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
