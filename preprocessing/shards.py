@@ -8,6 +8,7 @@ path and renamed, so a reader never sees a half-written shard.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import tarfile
@@ -16,6 +17,8 @@ from typing import Any
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+
+from common.atomic import explaining_full_disk
 
 
 def shard_name(index: int) -> str:
@@ -85,10 +88,16 @@ def _tar_end(written: int) -> bytes:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write to ``path.tmp-<uuid>`` then rename, through Beam's FileSystems (any filesystem)."""
+    """Write to ``path.tmp-<uuid>`` then rename, through Beam's FileSystems (any filesystem). A write that fails
+    (a full disk: :class:`common.atomic.OutOfSpace`, naming the bytes) removes its temporary file."""
     temp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temp) as handle:
-        handle.write(data)
+    try:
+        with explaining_full_disk(path, FileSystems.split(path)[0], len(data)), FileSystems.create(temp) as handle:
+            handle.write(data)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            FileSystems.delete([temp])
+        raise
     if FileSystems.exists(path):
         FileSystems.delete([path])
     FileSystems.rename([temp], [path])

@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +85,34 @@ def block_imports(dest: Path, names: tuple[str, ...] = ABSENT_ON_GPU_MACHINE) ->
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "sitecustomize.py").write_text(BLOCKER.format(blocked=set(names)), encoding="utf-8")
     return dest
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, megabytes: int) -> Iterator[Path]:
+    """A real filesystem of ``megabytes`` MB at ``where`` (a tmpfs: mounting needs root, as on CI); the test
+    skips, saying why, where it cannot be mounted. Unmounted at the end."""
+    import pytest
+
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"a small filesystem for a full disk needs `mount -t tmpfs` (root): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=False)
+
+
+def fill(where: Path, leave_bytes: int) -> Path:
+    """A ballast file that leaves about ``leave_bytes`` free on ``where``'s filesystem."""
+    ballast = where / "ballast"
+    free = shutil.disk_usage(where).free
+    with open(ballast, "wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * max(0, free - leave_bytes))  # written, not sparse: a tmpfs counts written pages
+    return ballast
 
 
 FAULT_RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"
@@ -261,6 +290,24 @@ def check_fp16_overflows_were_skipped(output_dir: Path, max_steps: int) -> None:
 def latest_step(output_dir: Path) -> int | None:
     latest = output_dir / "checkpoints" / "latest"
     return int(latest.read_text().strip().split("-")[1]) if latest.exists() else None
+
+
+def check_latest_is_complete(out: Path, world: int = 2) -> None:
+    """Every file of the checkpoint ``latest`` names: the model states, one optimizer partition per rank, the
+    student's Hugging Face files; each torch archive intact (zip CRCs: a torn write fails them)."""
+    import zipfile
+
+    step = latest_step(out)
+    if step is None:
+        return
+    tag = out / "checkpoints" / f"step-{step:08d}"
+    archives = sorted(tag.glob("*.pt"))
+    partitions = [p for p in archives if "optim_states" in p.name]
+    assert len(partitions) == world and any("model_states" in p.name for p in archives), sorted(tag.iterdir())
+    for archive in archives:
+        with zipfile.ZipFile(archive) as z:
+            assert z.testzip() is None, archive
+    assert (tag / "hf" / "config.json").is_file()
 
 
 def kill_and_resume(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.atomic import atomic_directory, write_text_atomically
+from common.atomic import OutOfSpace, atomic_directory, explaining_full_disk, write_text_atomically
 
 
 def mode(path: Path) -> int:
@@ -47,3 +47,23 @@ def test_text_is_replaced_atomically(tmp_path: Path) -> None:
     write_text_atomically(path, "a")
     write_text_atomically(path, "b")
     assert path.read_text() == "b" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_a_full_disk_says_what_needed_how_many_bytes_and_publishes_nothing(tmp_path: Path) -> None:
+    """On a real 4 MB filesystem: a plain write and torch.save (whose C++ writer drops the errno) both become one
+    OutOfSpace naming the path and the bytes; the directory being written is not published; other errors pass."""
+    import torch
+    from helpers import small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", 4) as disk:
+        needed = 6 * 2**20
+        said = rf"writing blob into {disk}: no space left on device; it needs about {needed:,} bytes, [\d,]+ bytes"
+        with pytest.raises(OutOfSpace, match=said), explaining_full_disk("blob", disk, needed):
+            (disk / "blob").write_bytes(b"\0" * needed)
+        (disk / "blob").unlink()
+        torn = pytest.raises(OutOfSpace, match=r"writing weights into .*: a write failed; it needs about")
+        with torn, explaining_full_disk("weights", disk, needed), atomic_directory(disk / "student") as tmp:
+            torch.save(torch.zeros(needed // 4), tmp / "weights.pt")
+        assert sorted(p.name for p in disk.iterdir()) == []  # no student, no partial directory
+    with pytest.raises(ValueError), explaining_full_disk("x", tmp_path, 1):  # room enough: not a full disk
+        raise ValueError("something else")

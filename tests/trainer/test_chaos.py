@@ -21,7 +21,6 @@ import random
 import signal
 import subprocess
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import console_log, latest_step, launch_run, record_fault, records
+from helpers import check_latest_is_complete, console_log, latest_step, launch_run, record_fault, records
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 80
@@ -75,22 +74,6 @@ def saving(out: Path) -> bool:
     latest = latest_step(out) or 0
     steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*") if p.is_dir()]
     return any(step > latest for step in steps)
-
-
-def check_latest_is_complete(out: Path, world: int = 2) -> None:
-    """Every file of the checkpoint ``latest`` names: the model states, one optimizer partition per rank, the
-    student's Hugging Face files; each torch archive intact (zip CRCs: a torn write fails them)."""
-    step = latest_step(out)
-    if step is None:
-        return
-    tag = out / "checkpoints" / f"step-{step:08d}"
-    archives = sorted(tag.glob("*.pt"))
-    partitions = [p for p in archives if "optim_states" in p.name]
-    assert len(partitions) == world and any("model_states" in p.name for p in archives), sorted(tag.iterdir())
-    for archive in archives:
-        with zipfile.ZipFile(archive) as z:
-            assert z.testzip() is None, archive
-    assert (tag / "hf" / "config.json").is_file()
 
 
 @dataclass

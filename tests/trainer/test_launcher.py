@@ -452,6 +452,47 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
     )
 
 
+@pytest.mark.full
+def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_resumes(
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
+) -> None:
+    """The run's output on a 200 MB filesystem that fills up after the first checkpoint (a ballast file leaves 4 MB,
+    less than a save's ~33 MB): the next save fails the run with one line naming the checkpoint, the bytes it
+    needs and those free; ``latest`` still names the last complete checkpoint, intact. With the space back, the
+    same command resumes from it and trains as the uninterrupted run did. An export into the full filesystem
+    fails the same way and publishes nothing."""
+    from helpers import check_latest_is_complete, fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", 200) as disk:
+        out = disk / "run"
+        proc = start(tiny_teacher_dir, tiny_dataset_dir, out)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while latest_step(out) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.005)
+        ballast = fill(disk, leave_bytes=4 * 2**20)
+        assert proc.wait(timeout=RUN_TIMEOUT) != 0
+        log = console_log(out).read_text()
+        said = (
+            r"error: \[Errno 28\] writing checkpoint step-0*(\d+) \(`latest` still names step-0*(\d+): free space "
+            r"and relaunch\) into \S+: .+; it needs about ([\d,]+) bytes, ([\d,]+) bytes are free there"
+        )
+        failed, kept, needed, free = re.search(said, log).groups()
+        assert latest_step(out) == int(kept) < int(failed) and int(free.replace(",", "")) < int(needed.replace(",", ""))
+        check_latest_is_complete(out)
+
+        ballast.unlink()
+        finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
+        assert f"resumed from step {kept}" in console_log(out).read_text()
+        assert train_losses(out) == train_losses(reference_run)
+
+        fill(disk, leave_bytes=2**20)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = run_in_repo([sys.executable, "-m", "trainer", "export", str(out), str(disk / "again")], env, 120)
+        assert done.returncode == 2 and "error: [Errno 28] writing the student" in done.stderr, done.stderr[-2000:]
+        assert not [p for p in disk.iterdir() if "again" in p.name]  # neither the student nor a partial one
+
+
 OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)"
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.atomic import atomic_directory
+from common.atomic import atomic_directory, explaining_full_disk
 from common.config import ConfigError
 from trainer.runtime.checkpoint import HF_DIR, checkpoint_dirs, latest_tag, step_of
 
@@ -26,8 +26,11 @@ STUDENT_PREFIX = "student."  # the Distiller's attribute holding the Hugging Fac
 
 
 def save_student(model: Any, tokenizer: Any, dest: str | Path) -> Path:
-    """Write ``model`` (safetensors + config) and ``tokenizer`` to ``dest`` atomically."""
-    with atomic_directory(dest) as tmp:
+    """Write ``model`` (safetensors + config) and ``tokenizer`` to ``dest`` atomically; on a full disk,
+    :class:`common.atomic.OutOfSpace` naming the bytes the weights need, and ``dest`` as it was."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    full_disk = explaining_full_disk(f"the student ({dest} is left as it was)", Path(dest).parent, weights)
+    with full_disk, atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return Path(dest)

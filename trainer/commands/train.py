@@ -34,6 +34,7 @@ from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.commands.export import export, save_student
+from trainer.commands.plan_cluster import checkpoint_bytes
 from trainer.commands.run_record import training_run_spec
 from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
@@ -122,6 +123,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     if teacher is not None:
         teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
+    checkpoints.save_bytes = checkpoint_bytes(distiller, ds_config)  # what a full disk's message says a save needs
     if cfg.compile:
         distiller.compile_models()  # in place: checkpoints and export see the same modules
     engine = build_engine(distiller, cfg, ds_config, world.device)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.atomic import atomic_directory, write_text_atomically
+from common.atomic import atomic_directory, explaining_full_disk, write_text_atomically
 from trainer.runtime.rendezvous import logged_while_waiting
 
 log = logging.getLogger(__name__)
@@ -209,11 +209,14 @@ def describe(summary: dict[str, float]) -> str:
 class Checkpointer:
     """Saves and restores a DeepSpeed engine plus the trainer's client state."""
 
-    def __init__(self, output_dir: str | Path, *, every_steps: int, keep_last: int, is_main: bool) -> None:
+    def __init__(
+        self, output_dir: str | Path, *, every_steps: int, keep_last: int, is_main: bool, save_bytes: int | None = None
+    ) -> None:
         self.root = Path(output_dir) / "checkpoints"
         self.every_steps = every_steps
         self.keep_last = keep_last
         self.is_main = is_main
+        self.save_bytes = save_bytes  # what one save writes, all ranks together (plan's checkpoint_bytes)
 
     def due(self, step: int, max_steps: int) -> bool:
         return step % self.every_steps == 0 or step == max_steps
@@ -230,16 +233,20 @@ class Checkpointer:
         first, so that ``latest`` never names a checkpoint that cannot be exported.
         """
         tag = tag_for(step)
-        if self.is_main:
-            if (self.root / tag).is_dir() and latest_tag(self.root) != tag:  # what a killed save left
-                shutil.rmtree(self.root / tag)
-            (self.root / tag).mkdir(parents=True, exist_ok=True)
-            hf_files(self.root / tag / HF_DIR)
-        # DeepSpeed's save begins with a barrier (no rank writes before rank 0 is done above) and ends with one
-        # (every rank's files are written when it returns): only then may `latest` name the checkpoint.
-        started = time.monotonic()
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
-        seconds = time.monotonic() - started  # what `plan --storage-gbs` stands for (docs/training.md)
+        # A full disk fails the run in one line naming the bytes; `latest` still names the last complete save.
+        previous = latest_tag(self.root)
+        then = f"`latest` still names {previous}: free space and relaunch" if previous else "nothing was saved yet"
+        with explaining_full_disk(f"checkpoint {tag} ({then})", self.root, self.save_bytes):
+            if self.is_main:
+                if (self.root / tag).is_dir() and previous != tag:  # what a killed save left
+                    shutil.rmtree(self.root / tag)
+                (self.root / tag).mkdir(parents=True, exist_ok=True)
+                hf_files(self.root / tag / HF_DIR)
+            # DeepSpeed's save begins with a barrier (no rank writes before rank 0 is done above) and ends with
+            # one (every rank's files are written when it returns): only then may `latest` name the checkpoint.
+            started = time.monotonic()
+            engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+            seconds = time.monotonic() - started  # what `plan --storage-gbs` stands for (docs/training.md)
         summary = describe(optimizer_summary(engine))
         if self.is_main:
             write_text_atomically(self.root / "latest", tag)
