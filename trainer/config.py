@@ -207,6 +207,9 @@ class LoaderConfig:
     read_retry_max_s: float = 30.0
     cache_dir: str | None = None
     cache_max_gb: float = 100.0
+    # A shard whose bytes do not hash to the manifest's sha256: "stop" the run naming it (the default), or "skip"
+    # its samples, each counted in train/damaged_samples_skipped (runtime/data.py, "Damaged shards").
+    damaged_shards: Literal["stop", "skip"] = "stop"
 
     def validate(self) -> None:
         require(self.shuffle_buffer >= 1, "loader.shuffle_buffer", "must be >= 1")

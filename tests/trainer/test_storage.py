@@ -30,8 +30,10 @@ from trainer.runtime.data import (
 )
 
 
-def loader(data: str | Path, *, workers: int = 0, state: dict | None = None) -> TrainLoader:
-    cfg = LoaderConfig(num_workers=workers, shuffle_buffer=32, read_attempts=3, read_retry_max_s=1)
+def loader(data: str | Path, *, workers: int = 0, state: dict | None = None, damaged: str = "stop") -> TrainLoader:
+    cfg = LoaderConfig(
+        num_workers=workers, shuffle_buffer=32, read_attempts=3, read_retry_max_s=1, damaged_shards=damaged
+    )
     return TrainLoader(
         open_dataset(data), micro_batch_size=4, rank=0, world_size=1, loader_cfg=cfg, seed=0, state=state
     )
@@ -60,10 +62,9 @@ def s3_dataset(moto_server, tiny_dataset_dir: Path) -> str:
     return moto_server.upload(tiny_dataset_dir, "streamed", "tiny")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped"])
-def test_a_damaged_shard_stops_the_run_naming_it_before_any_of_its_samples_is_used(
-    tiny_dataset_dir: Path, tmp_path: Path, damage: str
-):
+def damage_second_shard(tiny_dataset_dir: Path, tmp_path: Path, damage: str) -> tuple[Path, Path, set[str]]:
+    """A copy of the dataset whose second shard read (stream 0, epoch 0) is truncated or has one bit flipped:
+    (the copy, the damaged shard, the keys of its samples)."""
     data = tmp_path / "dataset"
     shutil.copytree(tiny_dataset_dir, data)
     shards = open_dataset(data).shards("train")
@@ -76,12 +77,43 @@ def test_a_damaged_shard_stops_the_run_naming_it_before_any_of_its_samples_is_us
     else:
         raw[len(raw) // 3] ^= 0x01  # one bit of one sample
     victim.write_bytes(bytes(raw))
+    return data, victim, victim_keys
 
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_shard_stops_the_run_naming_it_before_any_of_its_samples_is_used(
+    tiny_dataset_dir: Path, tmp_path: Path, damage: str
+):
+    data, victim, victim_keys = damage_second_shard(tiny_dataset_dir, tmp_path, damage)
     batches, used = loader(data), set()
     with pytest.raises(DamagedShard, match=f"shard {victim} is damaged"):
         for _ in range(1000):
             used.update(next(batches)["keys"])
     assert used and not used & victim_keys  # the shards before it were read; none of its samples was
+
+
+def test_with_damaged_shards_skip_its_samples_are_counted_never_used_and_the_positions_stay_exact(
+    tiny_dataset_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """loader.damaged_shards=skip: the damaged shard's samples are never used (a micro-batch keeps its shape
+    with its stream's real samples), every one is counted once, the warning names the shard; the stream's
+    position counts them as passed, so a loader restarted from its state goes on exactly as the first one."""
+    data, victim, victim_keys = damage_second_shard(tiny_dataset_dir, tmp_path, "flipped")
+    clean = loader(tiny_dataset_dir)
+    batches = loader(data, damaged="skip")
+    per_epoch = sum(s.samples for s in open_dataset(data).shards("train")) // 4
+    got = [next(batches) for _ in range(per_epoch)]  # one epoch of micro-batches of 4
+    used = {key for b in got for key in b["keys"]}
+    assert used and not used & victim_keys
+    assert sum(b["damaged"] for b in got) == len(victim_keys)
+    assert all(b["input_ids"].shape == (4, 64) for b in got)
+    assert f"shard {victim} is damaged" in caplog.text and "skipping its" in caplog.text
+    # Positions count the skipped samples: the same as a clean loader's after as many batches
+    for _ in range(per_epoch):
+        next(clean)
+    assert batches.state() == clean.state()
+    again = loader(data, damaged="skip", state=batches.state())
+    assert [b["keys"] for b in (next(again) for _ in range(5))] == [next(batches)["keys"] for _ in range(5)]
 
 
 def test_a_dataset_in_an_object_store_streams_exactly_the_samples_of_its_local_copy(
@@ -176,3 +208,18 @@ def test_any_fsspec_url_reads_like_a_local_directory(tiny_dataset_dir: Path):
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(remote, local, strict=True))
     finally:
         memory.rm("/fsspec-tiny", recursive=True)
+
+
+def test_skipped_damaged_samples_reach_the_step_metrics_only_where_they_happened() -> None:
+    """The count a micro-batch carries goes into its step's record as train/damaged_samples_skipped (what
+    metrics.jsonl and MLflow receive); a step without any has no such key."""
+    from trainer.runtime.metrics import StepMeter
+
+    meter = StepMeter(global_batch_size=8)
+    for step, damaged in ((1, 0), (2, 3)):
+        meter.add_micro({"loss": torch.tensor(1.0)}, tokens=64)
+        meter.add_damaged(damaged)
+        meter.end_step(step, lr=1e-3, grad_norm=1.0)
+    records = dict(meter.flush())
+    assert "train/damaged_samples_skipped" not in records[1]
+    assert records[2]["train/damaged_samples_skipped"] == 3 and records[2]["train/loss"] == 1.0

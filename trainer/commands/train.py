@@ -185,9 +185,10 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         profiler.step_begins(step + 1)
         for micro in range(accumulation):
             waited = time.perf_counter()
-            batch = next(loader)["input_ids"]
+            batch = next(loader)
             meter.add_data_wait(time.perf_counter() - waited)
-            stepper.micro_step(batch, step, micro)
+            meter.add_damaged(batch["damaged"])
+            stepper.micro_step(batch["input_ids"], step, micro)
         step += 1
         stepper.end_step(step, lr)
         profiler.step_ended(step)

@@ -162,6 +162,13 @@ class DamagedShard(RuntimeError):
     """A shard whose bytes are not the ones the preprocessing wrote (the manifest's sha256)."""
 
 
+DAMAGED = "__damaged__"  # marks a stand-in for a sample of a skipped damaged shard (loader.damaged_shards=skip)
+
+
+def is_damaged(sample: dict[str, Any]) -> bool:
+    return DAMAGED in sample
+
+
 @dataclass(frozen=True)
 class ShardReader:
     """How shards are read: whole, from a local path or an object store (runtime.storage), each checked against
@@ -169,7 +176,11 @@ class ShardReader:
     current one's samples are consumed (so reads overlap compute; at most two shards in memory per stream).
 
     A shard that does not hash to the manifest's value stops the run with :class:`DamagedShard` naming it:
-    never a silent wrong sample. From an object store it is read once more first (a torn transfer).
+    never a silent wrong sample. From an object store it is read once more first (a torn transfer). With
+    ``skip_damaged`` (``loader.damaged_shards=skip``) it is skipped instead, with a warning naming it: its
+    samples become stand-ins (marked :data:`DAMAGED`), as many as the manifest counts, so that every stream's
+    position (samples passed) and with it an exact resume stay what they would have been; the consumers drop
+    them and count them.
     ``cache_dir``: fetched remote shards are kept there (by their sha256, at most ``cache_max_gb``, the least
     recently used evicted first), so that later epochs read the local copy."""
 
@@ -177,13 +188,20 @@ class ShardReader:
     retry_max_s: float = 30.0
     cache_dir: str | None = None
     cache_max_gb: float = 100.0
+    skip_damaged: bool = False
 
     @classmethod
     def from_config(cls, loader_cfg: Any) -> ShardReader:
-        return cls(loader_cfg.read_attempts, loader_cfg.read_retry_max_s, loader_cfg.cache_dir, loader_cfg.cache_max_gb)
+        return cls(
+            loader_cfg.read_attempts,
+            loader_cfg.read_retry_max_s,
+            loader_cfg.cache_dir,
+            loader_cfg.cache_max_gb,
+            loader_cfg.damaged_shards == "skip",
+        )
 
-    def read(self, shard: Shard) -> bytes:
-        """The shard's verified bytes."""
+    def read(self, shard: Shard) -> bytes | None:
+        """The shard's verified bytes; None for a damaged shard that is to be skipped."""
         remote = storage.is_url(shard.path)
         cached = self.from_cache(shard) if remote else None
         if cached is not None:
@@ -196,10 +214,16 @@ class ShardReader:
             if attempt == 1 and remote:
                 log.warning("data: %s does not match its sha256 (a torn read?); reading it again", shard.path)
                 continue
-            raise DamagedShard(
+            damage = (
                 f"data: shard {shard.path} is damaged: its {len(data):,} bytes hash to sha256 {digest[:16]}..., "
-                f"the manifest says {shard.sha256[:16]}... (truncated or modified after preprocessing; no sample of "
-                "it was used). Restore the shard or re-run the preprocessing."
+                f"the manifest says {shard.sha256[:16]}... (truncated or modified after preprocessing)"
+            )
+            if self.skip_damaged:
+                log.warning("%s; skipping its %d samples (loader.damaged_shards=skip)", damage, shard.samples)
+                return None
+            raise DamagedShard(
+                f"{damage}; no sample of it was used. Restore the shard or re-run the preprocessing, or set "
+                "loader.damaged_shards=skip to train on without its samples."
             )
         if remote:
             self.to_cache(shard, data)
@@ -216,6 +240,9 @@ class ShardReader:
                 data = ahead.result()
                 if i + 1 < len(shards):
                     ahead = pool.submit(self.read, shards[i + 1])
+                if data is None:  # skipped: one stand-in per sample the manifest counts
+                    yield from ({"__key__": f"{shard.path}#{j}", DAMAGED: True} for j in range(shard.samples))
+                    continue
                 files = wds.tariterators.tar_file_expander([{"url": shard.path, "stream": io.BytesIO(data)}])
                 yield from wds.tariterators.group_by_keys(files)
         finally:
@@ -367,6 +394,7 @@ class TrainStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         readers: dict[int, tuple[Iterator[dict[str, Any]], int]] = {}  # stream -> (raw samples, position)
+        last_good: dict[int, list[dict[str, Any]]] = {}  # stream -> its last micro-batch's real samples
         plan = micro_batch_plan(self.positions, self.micro_batch_size)
         for j, (k, start) in enumerate(plan):
             if j % self.num_workers != worker:
@@ -375,8 +403,23 @@ class TrainStream(torch.utils.data.IterableDataset):
             # Another worker's micro-batches of the same stream are passed over undecoded.
             raw = list(itertools.islice(samples, start - at, start - at + self.micro_batch_size))
             readers[k] = (samples, start + self.micro_batch_size)
+            good = [sample for sample in raw if not is_damaged(sample)]
+            damaged = len(raw) - len(good)
+            if damaged:  # skipped shards' stand-ins: the batch keeps its shape with this stream's real samples
+                good = good or last_good.get(k, [])
+                if not good:
+                    raise DamagedShard(
+                        f"data: stream {k}'s micro-batch at sample {start} comes wholly from skipped damaged shards "
+                        f"({raw[0]['__key__']} ...) and the stream has no earlier sample to stand in"
+                    )
+                raw = list(itertools.islice(itertools.cycle(good), len(raw)))
+            last_good[k] = good
             batch = np.stack([decode(sample) for sample in raw])
-            yield {"input_ids": torch.from_numpy(batch.astype(np.int64)), "keys": [r["__key__"] for r in raw]}
+            yield {
+                "input_ids": torch.from_numpy(batch.astype(np.int64)),
+                "keys": [r["__key__"] for r in raw],
+                "damaged": damaged,
+            }
 
 
 def fresh_streams(loader_cfg: Any, world_size: int) -> int:
@@ -481,7 +524,7 @@ class TrainLoader:
     def __next__(self) -> dict[str, Any]:
         batch = next(self.iterator)
         stream, start = next(self.plan)
-        self.positions[stream] = start + self.micro_batch_size
+        self.positions[stream] = start + self.micro_batch_size  # samples passed, skipped stand-ins included
         if self.trace is not None:
             self.trace.write(json.dumps({"stream": stream, "keys": batch["keys"]}) + "\n")
         return batch
@@ -528,7 +571,7 @@ def valid_batches(
     last few are left out. An empty valid split gives none.
     """
     shards = dataset.shards("valid")
-    samples = reader.samples(shards)
+    samples = (sample for sample in reader.samples(shards) if not is_damaged(sample))  # skipped shards: left out
     rows = [decode(s) for s in itertools.islice(samples, max_batches * micro_batch_size)]
     batches = [np.stack(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
     if not batches:

@@ -34,8 +34,9 @@ class StepMeter:
         self.global_batch_size = global_batch_size
         self.names: list[str] | None = None
         self.rows: list[torch.Tensor] = []
-        self.pending: list[tuple[int, float, int, float]] = []  # (step, lr, tokens, end time) of unflushed rows
+        self.pending: list[tuple[int, float, int, int, float]] = []  # (step, lr, tokens, damaged, end time)
         self.tokens = 0  # real tokens of the current step on this rank, counted on the host
+        self.damaged = 0  # samples of skipped damaged shards in the current step on this rank (loader.damaged_shards)
         self.micro: list[torch.Tensor] = []
         self.data_wait = 0.0  # host seconds spent waiting for batches since the last flush
         self.started = self.last_flush = time.perf_counter()
@@ -47,6 +48,10 @@ class StepMeter:
         self.micro.append(torch.stack([losses[name].detach().float() for name in self.names]))
         self.tokens += tokens
 
+    def add_damaged(self, samples: int) -> None:
+        """Samples of skipped damaged shards that one micro-batch stood in for (``train/damaged_samples_skipped``)."""
+        self.damaged += samples
+
     def add_data_wait(self, seconds: float) -> None:
         """Host time one ``next(loader)`` took: the loop stood still waiting for data that long."""
         self.data_wait += seconds
@@ -57,16 +62,16 @@ class StepMeter:
         self.rows.append(torch.cat([terms, norm.to(terms.device).reshape(1)]))
         # The host reaches this line before an asynchronous device has finished the step; over the
         # log interval the difference evens out, since flush waits for the device.
-        self.pending.append((step, lr, self.tokens, time.perf_counter()))
-        self.micro, self.tokens = [], 0
+        self.pending.append((step, lr, self.tokens, self.damaged, time.perf_counter()))
+        self.micro, self.tokens, self.damaged = [], 0, 0
 
     def flush(self) -> list[tuple[int, dict[str, float]]]:
         """All ranks call this together: losses averaged and tokens summed over ranks."""
-        tokens = torch.tensor([[float(t)] for _, _, t, _ in self.pending], device=self.rows[0].device)
-        table = torch.cat([torch.stack(self.rows), tokens], dim=1)
+        counts = torch.tensor([[float(d), float(t)] for _, _, t, d, _ in self.pending], device=self.rows[0].device)
+        table = torch.cat([torch.stack(self.rows), counts], dim=1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(table)
-            table[:, :-1] /= dist.get_world_size()  # mean losses; the grad norm is the same on every rank
+            table[:, :-2] /= dist.get_world_size()  # mean losses; the grad norm is the same on every rank
         values = table.tolist()
         now = time.perf_counter()
         interval = max(now - self.last_flush, 1e-9)
@@ -78,12 +83,14 @@ class StepMeter:
         if device.type == "cuda":  # the peak since the process started, what sizing a micro-batch needs
             shared["train/max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         records = []
-        for (step, lr, _, ended), row in zip(self.pending, values, strict=True):
+        for (step, lr, _, _, ended), row in zip(self.pending, values, strict=True):
             metrics = {f"train/{name}": value for name, value in zip(self.names, row, strict=False)}
+            if row[-2]:  # only where it happened: a clean run's records are unchanged
+                metrics["train/damaged_samples_skipped"] = row[-2]
             metrics.update(
                 {
                     "train/lr": lr,
-                    "train/grad_norm": row[-2],
+                    "train/grad_norm": row[-3],
                     **shared,
                     "train/samples": step * self.global_batch_size,
                     "train/elapsed_s": ended - self.started,
