@@ -342,14 +342,18 @@ def kill_and_resume(
 
 
 # ------------------------------------------------------------------ a real MLflow tracking server
+ADMIN_PASSWORD = "admin-password-1234"  # of a basic-auth MlflowServer
+
+
 class MlflowServer:
     """``mlflow server`` on 127.0.0.1 (SQLite, local artifacts) in its own process group. ``idle``: in Linux's
     SCHED_IDLE class, so that a benchmark on this machine measures the trainer and not the server, which in
     a real deployment runs elsewhere."""
 
-    def __init__(self, root: Path, port: int | None = None, *, idle: bool = False) -> None:
+    def __init__(self, root: Path, port: int | None = None, *, idle: bool = False, app_name: str | None = None) -> None:
         self.root = root
         self.idle = idle
+        self.app_name = app_name  # "basic-auth": users and permissions (admin password: ADMIN_PASSWORD)
         self.port = port or free_port()
         self.db = root / "mlflow.db"
         self.artifacts = root / "artifacts"
@@ -373,6 +377,17 @@ class MlflowServer:
             cmd = ["chrt", "--idle", "0", *cmd]  # inherited by the processes the server forks
         # The job executor forks seven consumer processes that these tests never use.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        if self.app_name == "basic-auth":
+            cmd += ["--app-name", "basic-auth"]
+            auth = self.root / "basic_auth.ini"
+            auth.write_text(
+                "[mlflow]\ndefault_permission = READ\n"
+                f"database_uri = sqlite:///{self.root / 'basic_auth.db'}\n"
+                f"admin_username = admin\nadmin_password = {ADMIN_PASSWORD}\n"
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            )
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(auth)
+            env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = "test-csrf-secret"  # the auth app's CSRF protection wants one
         with self.log.open("a") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -384,6 +399,18 @@ class MlflowServer:
             time.sleep(0.25)
         self.stop()
         raise TimeoutError(f"mlflow server not healthy after {timeout:.0f}s:\n{self.log.read_text()}")
+
+    def add_user(self, username: str, password: str) -> None:
+        """A user of a basic-auth server, created by its admin through the server's REST API."""
+        import requests
+
+        done = requests.post(
+            f"{self.uri}/api/2.0/mlflow/users/create",
+            json={"username": username, "password": password},
+            auth=("admin", ADMIN_PASSWORD),
+            timeout=30,
+        )
+        done.raise_for_status()
 
     def healthy(self) -> bool:
         try:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.commands.export import export
-from trainer.tracking.checkpoints import REQUEST, pending_snapshots, remove_snapshot
+from trainer.tracking.checkpoints import REFUSED, REQUEST, pending_snapshots, remove_snapshot
 from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
-from trainer.tracking.registry import advance_alias, register_student, registered_version
+from trainer.tracking.registry import advance_alias, refusal, register_student, registered_version
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,10 @@ def main(argv: list[str]) -> int:
                 snapshot, name=ns.name, run_id=ns.run_id, alias=ns.alias, tracking_uri=tracking_uri
             )
         except Exception as err:
+            refused = refusal(err, ns.name)
+            if refused is not None:  # retrying cannot help: the registrar stops trying for this run
+                print(f"error: registering the student of step {step}: {refused}", file=sys.stderr)
+                return REFUSED
             print(f"error: registering the student of step {step}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1
         remove_snapshot(snapshot)

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 QUEUE_DIR = "registering"  # under the run's output directory
 REQUEST = "registration.json"  # in each snapshot: what the version is tagged with
 WORKER_LOG = "registering.log"  # the worker processes' output, beside the queue
+REFUSED = 3  # a worker's exit status when the registry refused it (no permission): not an outage to wait out
 # A rank's distributed identity must not reach the worker: it is no rank, and joins no process group.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK")
 
@@ -124,6 +125,7 @@ class CheckpointRegistrar:
         self.worker: subprocess.Popen | None = None
         self.lock = threading.Lock()  # between starting a worker (thread) and stopping it at the deadline (close)
         self.stopped = False
+        self.refused = False  # the registry refused this user: no more tries in this run
         self.thread = threading.Thread(target=self.work, name="mlflow-registrar", daemon=True)
         self.thread.start()  # a relaunch's first job: the snapshots its killed predecessor left
 
@@ -162,6 +164,8 @@ class CheckpointRegistrar:
             pending = pending_snapshots(self.queue)
             if self.closing.is_set() and (not pending or time.monotonic() >= self.deadline):
                 return
+            if self.refused:  # the registry said no: nothing to retry; close() says what is left
+                return
             if not pending or not self.run.created:  # nothing to do, or no run to log into yet
                 self.wakeup.wait(None if not pending else 1.0)
                 continue
@@ -186,6 +190,11 @@ class CheckpointRegistrar:
         # the GIL from the training loop. close() stops the worker at the deadline.
         rc = self.worker.wait()
         self.worker = None
+        if rc == REFUSED:  # no permission: one line, and no more tries in this run (the snapshots stay)
+            refused = last_line(self.log_path).removeprefix("error: ")
+            log.error("MLflow: %s; no more checkpoints are registered in this run", refused)
+            self.refused = True
+            return False
         if rc == 0:
             if self.failing_since is not None:
                 log.info("MLflow: registering checkpoints again after %.0fs", time.monotonic() - self.failing_since)

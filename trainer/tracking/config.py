@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 
-from common.config import require
+from common.config import ConfigError, require
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -83,3 +83,40 @@ def limit_http_retries(cfg: MlflowConfig) -> None:
     """Make one MLflow HTTP request fail fast (unless the user chose otherwise): we retry ourselves."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(cfg.request_timeout_s))
+
+
+def check_access(cfg: MlflowConfig) -> None:
+    """Before any heavy work: does the tracking server accept this process's credentials (MLflow's usual
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN``)? One request, no
+    retry, at most ``mlflow.request_timeout_s``. A refusal (401, 403) is a ConfigError naming the user; a server
+    that does not answer is left to the tracker, which retries in the background while training goes on."""
+    uri = resolve_tracking_uri(cfg)
+    if not cfg.tracks or not uri.startswith(("http://", "https://")):
+        return
+    from mlflow.tracking._tracking_service.utils import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        response = http_request(
+            get_default_host_creds(uri),
+            "/api/2.0/mlflow/experiments/search",
+            "POST",
+            json={"max_results": 1},
+            max_retries=0,
+            timeout=cfg.request_timeout_s,
+            raise_on_status=False,
+        )
+    except Exception:  # unreachable or slow: not a refusal
+        return
+    if response.status_code in (401, 403):
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        who = (
+            f"user {user!r} (MLFLOW_TRACKING_USERNAME)" if user else "anonymous requests (no MLFLOW_TRACKING_USERNAME)"
+        )
+        refusal = "refused the credentials of" if response.status_code == 401 else "does not let"
+        raise ConfigError(
+            f"mlflow: the tracking server at {uri} {refusal} {who} (HTTP {response.status_code}"
+            + ("" if response.status_code == 401 else ": no permission to read experiments")
+            + "): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), "
+            "or mlflow.enabled=false"
+        )

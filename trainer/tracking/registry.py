@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import shlex
 import sys
 import time
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.config import ConfigError
 from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
+from trainer.tracking.delivery import permanent
 
 if TYPE_CHECKING:
     from trainer.tracking.tracker import NullTracker, Tracker
@@ -81,7 +83,7 @@ def register_student(
             log.info("MLflow: registered %s version %s%s", name, version.version, f" as @{alias}" if alias else "")
             return version
         except Exception as err:
-            if attempt == attempts:
+            if attempt == attempts or permanent(err):  # a refusal (no permission, a bad request) stays one
                 raise
             wait = backoff_s * 2 ** (attempt - 1)
             log.warning("MLflow: registering, attempt %d/%d failed (%s); retry in %.0fs", attempt, attempts, err, wait)
@@ -208,8 +210,24 @@ def register_or_explain(
         )
     except Exception as err:
         command = register_command(model_dir, **target, task=task)
-        log.error("MLflow: registering the student failed: %s", err)
+        log.error("MLflow: %s", refusal(err, cfg.register_as) or f"registering the student failed: {err}")
         print(f"The model stays in {model_dir}. Register it later with:\n  {command}", file=sys.stderr)
+
+
+def refusal(err: Exception, name: str) -> str | None:
+    """One sentence for a registry that refused this user (HTTP 401 or 403), naming the user and the model and
+    what permission it takes; None for any other error."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(err, MlflowException) or err.get_http_status_code() not in (401, 403):
+        return None
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "anonymous")
+    if err.get_http_status_code() == 401:
+        return f"the registry refused the credentials of user {user!r} (HTTP 401) while registering {name!r}"
+    return (
+        f"user {user!r} may not register versions of {name!r} or move its aliases (HTTP 403 {err.error_code}): "
+        "ask the model's owner for EDIT on it (MANAGE to move aliases such as @production)"
+    )
 
 
 def register_command(

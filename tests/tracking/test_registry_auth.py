@@ -1,0 +1,89 @@
+"""A shared registry with permissions: a real ``mlflow server --app-name basic-auth`` on 127.0.0.1, users made by
+its admin, credentials in MLflow's usual variables (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD).
+
+* Wrong credentials fail the launch before any weight is loaded, in one line naming the user.
+* Alice trains, registers ``shared-student@production`` (she created the model: she manages it), and pulls it.
+* Bob (the server's default permission: READ) trains into his own experiment; the registry refuses his version
+  and the alias: one line naming him and the model, no retries, and his run still finishes with its
+  checkpoints and exported student. Alice's version keeps ``@production``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Launch
+from helpers import MlflowServer
+
+pytestmark = [pytest.mark.full, pytest.mark.integration]
+NAME = "shared-student"
+USERS = {"alice": "alice-password-1234", "bob": "bob-password-1234"}
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-auth"), app_name="basic-auth")
+    server.start()
+    for user, password in USERS.items():
+        server.add_user(user, password)
+    yield server
+    server.stop()
+
+
+def as_user(monkeypatch: pytest.MonkeyPatch, user: str, password: str | None = None) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password or USERS[user])
+
+
+def settings(uri: str, experiment: str) -> list[str]:
+    return ["max_steps=4", "checkpoint.every_steps=2", "eval.every_steps=4", f"mlflow.tracking_uri={uri}",
+            f"mlflow.experiment={experiment}", f"mlflow.register_as={NAME}", "mlflow.alias=production",
+            "mlflow.register_checkpoints=true"]  # fmt: skip
+
+
+def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
+    auth_server: MlflowServer,
+    tiny_teacher_dir: Path,
+    tiny_dataset_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trainer_cli,
+) -> None:
+    from mlflow import MlflowClient
+
+    uri = auth_server.uri
+
+    # Wrong credentials: refused before the teacher's weights are read, one line naming the user.
+    as_user(monkeypatch, "alice", "not-her-password")
+    wrong = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "wrong", settings(uri, "alice-runs"))
+    assert wrong.process.wait(timeout=300) != 0
+    log = wrong.log_path.read_text()
+    assert f"error: mlflow: the tracking server at {uri} refused the credentials of user 'alice'" in log, log[-3000:]
+    assert "Loading weights" not in log and not (tmp_path / "wrong" / "metrics.jsonl").exists()
+
+    # Alice: trains, registers (checkpoints and the final student), pulls.
+    as_user(monkeypatch, "alice")
+    alice = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "alice", settings(uri, "alice-runs"))
+    alice.wait()
+    client = MlflowClient(uri)
+    production = client.get_model_version_by_alias(NAME, "production")
+    assert production.tags["kind"] == "final"
+    pulled = trainer_cli("pull", f"models:/{NAME}@production", str(tmp_path / "pulled"), "--tracking-uri", uri)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    assert (tmp_path / "pulled" / "model.safetensors").is_file()
+    versions = {v.version for v in client.search_model_versions(f"name='{NAME}'")}
+
+    # Bob: READ on alice's model. His run finishes; the registry refuses him once per path, in one line each.
+    as_user(monkeypatch, "bob")
+    bob = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "bob", settings(uri, "bob-runs"))
+    log = bob.wait()
+    refused = f"user 'bob' may not register versions of '{NAME}' or move its aliases (HTTP 403"
+    assert log.count(refused) >= 1, log[-4000:]
+    assert "no more checkpoints are registered in this run" in log  # the checkpoints' registrar gave up at once
+    assert "attempt 2/" not in log  # a refusal is not retried like an outage
+    assert (tmp_path / "bob" / "student" / "model.safetensors").is_file()
+    assert (tmp_path / "bob" / "checkpoints" / "latest").is_file()
+    as_user(monkeypatch, "alice")
+    assert {v.version for v in client.search_model_versions(f"name='{NAME}'")} == versions
+    assert client.get_model_version_by_alias(NAME, "production").version == production.version
