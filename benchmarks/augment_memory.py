@@ -8,7 +8,12 @@ one (the real bert-base-uncased vocabulary, 4 layers of width 64) built once int
 Memory is what is measured, so the defaults make the rows long (every variant copies the whole
 text) and the MLM cheap (``max_seq_len=16``: candidates for the first dozen words only)::
 
-    python benchmarks/augment_memory.py --lines 300 1200 [--variants 20] [--words 500 700] [--mlm DIR]
+    python benchmarks/augment_memory.py --lines 100 400 1600 [--variants 20] [--words 500 700] [--mlm DIR]
+        [--out docs/preprocessing/augment-memory.json] [--docs docs/benchmarks.md]
+
+``--out`` keeps the figures as a result file, ``--docs`` renders its table into that page (between the
+``augment-memory`` markers); ``--from-result`` renders an existing file without measuring.
+``tests/test_benchmark_augment_memory.py`` holds the result: 4x the input must not raise the peak.
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ import gzip
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402
+
 VOCABULARY = (
     "the a socket server answers each client in its own thread logging module lets every library write to "
     "one application log regular expressions match patterns in text json reads and writes structured data "
@@ -64,27 +73,67 @@ def measure(input_file: Path, output: Path, args: argparse.Namespace, mlm: Path)
     return usage.ru_maxrss / 2**20, time.monotonic() - started, stdout.strip().splitlines()[-1]
 
 
+def table(result: dict) -> str:
+    rows = ["| input lines | input | rows written (uncompressed) | peak RSS | time |", "|---:|---:|---:|---:|---:|"]
+    for r in result["sizes"]:
+        rows.append(
+            f"| {r['lines']:,} | {r['input_mb']:.1f} MB | {r['rows_mb']:.0f} MB | {r['peak_rss_gb']:.2f} GB | "
+            f"{r['seconds']:.0f} s |"
+        )
+    rows += [
+        "",
+        f"From `{result['result_file']}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs, "
+        f"{result['variants']} variants, {result['workers']} worker), made by `{result['command']}`.",
+    ]
+    return "\n".join(rows)
+
+
+def measure_sizes(args: argparse.Namespace) -> list[dict]:
+    args.work.mkdir(parents=True, exist_ok=True)
+    mlm = args.mlm or tiny_mlm(args.work / "tiny-mlm")
+    sizes = []
+    for lines in args.lines:
+        input_file = args.work / f"input-{lines}.jsonl"
+        write_input(input_file, lines, args.words)
+        output = args.work / f"out-{lines}"
+        shutil.rmtree(output, ignore_errors=True)
+        peak, seconds, _ = measure(input_file, output, args, mlm)
+        with gzip.open(output / "train.jsonl.gz", "rb") as f:
+            rows = sum(len(line) for line in f) / 2**20
+        size = {"lines": lines, "input_mb": input_file.stat().st_size / 2**20, "rows_mb": rows}
+        sizes.append({**size, "peak_rss_gb": peak, "seconds": seconds})
+        print(json.dumps(sizes[-1]), flush=True)
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lines", type=int, nargs="+", default=[300, 1200])
+    parser.add_argument("--lines", type=int, nargs="+", default=[100, 400, 1600])
     parser.add_argument("--variants", type=int, default=20)
     parser.add_argument("--words", type=int, nargs=2, default=[500, 700], help="words per text: min, max")
     parser.add_argument("--max-seq-len", type=int, default=16)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--mlm", type=Path)
     parser.add_argument("--work", type=Path, default=Path("/tmp/augment-memory"))
+    parser.add_argument("--out", type=Path, default=None, help="write the result file here")
+    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
+    parser.add_argument("--from-result", action="store_true", help="render --out without measuring")
     args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    mlm = args.mlm or tiny_mlm(args.work / "tiny-mlm")
-    for lines in args.lines:
-        input_file = args.work / f"input-{lines}.jsonl"
-        write_input(input_file, lines, args.words)
-        output = args.work / f"out-{lines}"
-        peak, seconds, counts = measure(input_file, output, args, mlm)
-        with gzip.open(output / "train.jsonl.gz", "rb") as f:
-            rows = sum(len(line) for line in f) / 2**20
-        print(f"lines={lines} input={input_file.stat().st_size / 2**20:.1f} MB rows={rows:.0f} MB "
-              f"peak_rss={peak:.2f} GB time={seconds:.0f} s counts={counts}", flush=True)  # fmt: skip
+    if args.from_result:
+        result = json.loads(args.out.read_text(encoding="utf-8"))
+    else:
+        header = provenance(" ".join(["python benchmarks/augment_memory.py", *sys.argv[1:]]))
+        result = {
+            **header,
+            "result_file": str(args.out.resolve().relative_to(REPO)) if args.out else None,
+            "variants": args.variants,
+            "workers": args.workers,
+            "words": args.words,
+            "sizes": measure_sizes(args),
+        }
+        write_result(args.out, result)
+    if args.docs is not None:
+        render_between_markers(args.docs, "augment-memory", table(result))
 
 
 if __name__ == "__main__":
