@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Launch
-from helpers import MlflowServer
+from helpers import MlflowServer, record_fault
 
 pytestmark = [pytest.mark.full, pytest.mark.integration]
 NAME = "shared-student"
@@ -87,3 +87,15 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     as_user(monkeypatch, "alice")
     assert {v.version for v in client.search_model_versions(f"name='{NAME}'")} == versions
     assert client.get_model_version_by_alias(NAME, "production").version == production.version
+    record_fault(
+        "registry-permissions",
+        fault="a shared registry (mlflow basic-auth): wrong credentials, and a user without permission on the model",
+        injected=2,
+        kinds={"HTTP 401 at launch": 1, "HTTP 403 on register and alias": 1},
+        outcome="wrong credentials: one line, stopped before any weight was read; no permission: one line per "
+        "path, no retries, the run finished with its checkpoints and student; @production unmoved",
+        data_lost=0,
+        stop_s=0.0,
+        recovery_s=[0.0, 0.0],
+        steps_redone=[0, 0],
+    )

@@ -482,9 +482,23 @@ def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_re
         check_latest_is_complete(out)
 
         ballast.unlink()
+        relaunched = time.monotonic()
         finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
         assert f"resumed from step {kept}" in console_log(out).read_text()
         assert train_losses(out) == train_losses(reference_run)
+        record_fault(
+            "full-disk",
+            fault="the checkpoint filesystem fills up mid-run (a real 200 MB filesystem, 4 MB left)",
+            injected=1,
+            kinds={"ENOSPC on a save": 1, "ENOSPC on an export": 1},
+            outcome=f"one line naming checkpoint step {failed}, {needed} bytes needed, {free} free; `latest` kept "
+            f"step {kept}, intact; relaunched with room: resumed, losses equal to the uninterrupted run's; the "
+            "export published nothing",
+            data_lost=0,
+            stop_s=0.0,
+            recovery_s=[time.monotonic() - relaunched] * 2,
+            steps_redone=[int(failed) - int(kept)] * 2,
+        )
 
         fill(disk, leave_bytes=2**20)
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
