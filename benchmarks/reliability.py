@@ -33,7 +33,10 @@ FAULT_TESTS = [
 RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV
 
 
-def span(pair: list[float], fmt: str) -> str:
+def span(pair: list[float] | None, fmt: str) -> str:
+    """A (low, high) pair as one figure or a range; "-" where the figure does not apply."""
+    if pair is None:
+        return "-"
     low, high = (format(x, fmt) for x in pair)
     return low if low == high else f"{low}-{high}"
 
@@ -48,7 +51,8 @@ def table(result: dict) -> str:
         kinds = ", ".join(f"{kind} {n}" for kind, n in record["kinds"].items())
         rows.append(
             f"| {record['fault']} | {record['injected']} | {kinds} | {record['outcome']} | {record['data_lost']} | "
-            f"{record['stop_s']:.1f} | {span(record['recovery_s'], '.0f')} | {span(record['steps_redone'], 'd')} |"
+            f"{'-' if record['stop_s'] is None else format(record['stop_s'], '.1f')} | "
+            f"{span(record['recovery_s'], '.0f')} | {span(record['steps_redone'], 'd')} |"
         )
     rows += [
         "",

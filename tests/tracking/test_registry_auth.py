@@ -95,7 +95,7 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
         outcome="wrong credentials: one line, stopped before any weight was read; no permission: one line per "
         "path, no retries, the run finished with its checkpoints and student; @production unmoved",
         data_lost=0,
-        stop_s=0.0,
-        recovery_s=[0.0, 0.0],
-        steps_redone=[0, 0],
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
     )

@@ -495,7 +495,7 @@ def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_re
             f"step {kept}, intact; relaunched with room: resumed, losses equal to the uninterrupted run's; the "
             "export published nothing",
             data_lost=0,
-            stop_s=0.0,
+            stop_s=None,
             recovery_s=[time.monotonic() - relaunched] * 2,
             steps_redone=[int(failed) - int(kept)] * 2,
         )

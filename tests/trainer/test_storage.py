@@ -122,9 +122,9 @@ def test_with_damaged_shards_skip_its_samples_are_counted_never_used_and_the_pos
         outcome="default: stopped naming the shard before any of its samples was used; loader.damaged_shards=skip: "
         f"its {len(victim_keys)} samples never used, counted, positions exact across a restart",
         data_lost=0,
-        stop_s=0.0,
-        recovery_s=[0.0, 0.0],
-        steps_redone=[0, 0],
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
     )
 
 
