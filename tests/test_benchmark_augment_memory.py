@@ -2,9 +2,8 @@
 
 Two real runs of ``python -m preprocessing.augment`` (DirectRunner, 20 variants), each in a fresh process, on
 1x and 4x the examples. The texts are long (about 50 KB each) so that the rows are many times the noise: the
-4x run writes about 30 MB more rows, which a design carrying rows through the runner would hold (it grew by
-about 7 bytes of memory per byte of rows: docs/benchmarks.md, "Augmentation memory"), some 200 MB; the peak
-may rise by at most 40 MB.
+4x run writes about 30 MB more rows, which the design that carried rows through the runner held: at commit
+36c135f this same pair of runs peaked at 0.88 and 1.05 GB (+175 MB). The peak may rise by at most 40 MB.
 """
 
 from __future__ import annotations
