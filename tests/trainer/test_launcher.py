@@ -13,6 +13,7 @@ serves as the teacher of a distillation run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import math
@@ -395,15 +396,17 @@ def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: s
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("lost", [0, 1])
+@pytest.mark.parametrize(("lost", "how"), [(0, "frozen"), (1, "frozen"), (1, "killed")])
 def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume(
-    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, lost: int
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, lost: int, how: str
 ) -> None:
     """A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
     them) would hold the other inside a collective until the process group's 10-minute timeout. With
     ``deepspeed.peer_timeout_s=10`` the other node stops within about 10 s plus a heartbeat, with one line naming
-    the lost rank and node (for node 0, the rendezvous store it hosts), and relaunching both nodes resumes from
-    the last complete checkpoint and trains as the uninterrupted run did."""
+    the lost rank and node (for node 0, the rendezvous store it hosts). A node whose processes are killed
+    (SIGKILL: its connections close) fails the collective at once; the other names it in the same kind of line
+    instead of the transport's traceback. Relaunching both nodes resumes from the last complete checkpoint and
+    trains as the uninterrupted run did."""
     import psutil
 
     out = tmp_path / "run"
@@ -414,16 +417,19 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
         time.sleep(0.02)
     frozen = [psutil.Process(nodes[lost].pid), *psutil.Process(nodes[lost].pid).children(recursive=True)]
     for p in frozen:
-        p.send_signal(signal.SIGSTOP)
+        p.send_signal(signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
     stopped_at = time.monotonic()
     survivor = nodes[1 - lost]
     assert survivor.wait(timeout=120) != 0
     took = time.monotonic() - stopped_at
     for p in frozen:
-        p.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
     nodes[lost].wait(timeout=60)
     log = console_log(out, f"node{1 - lost}").read_text()
-    if lost == 1:
+    if how == "killed":
+        said = r"rank 0: rank 1 \(node 1\) stopped answering: a collective failed \(\w+Error: .*\); stopping this rank"
+    elif lost == 1:
         said = r"rank 0: rank 1 \(node 1\) has not answered for \d+ s: its node died or froze; stopping this rank"
     else:
         # rank 0 hosts the rendezvous store: whichever falls silent first in the watch's eyes is named
@@ -438,11 +444,12 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
         finish(proc, out, f"node{node}-relaunch")
     assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
     assert train_losses(out) == train_losses(reference_run)
+    signal_name = "SIGSTOP" if how == "frozen" else "SIGKILL"
     record_fault(
-        f"node-{lost}-frozen",
-        fault=f"node {lost} of 2 frozen mid-step (SIGSTOP{', the rendezvous store with it' if lost == 0 else ''})",
+        f"node-{lost}-{how}",
+        fault=f"node {lost} of 2 {how} mid-step ({signal_name}{', the rendezvous store with it' if lost == 0 else ''})",
         injected=1,
-        kinds={"SIGSTOP": 1},
+        kinds={signal_name: 1},
         outcome=f"the other node stopped with one line naming rank {lost} (node {lost}); both relaunched, resumed "
         f"from step {resume_from}, losses equal to the uninterrupted run's",
         data_lost=0,

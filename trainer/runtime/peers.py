@@ -26,8 +26,10 @@ import contextlib
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
+from typing import Any
 
 import torch.distributed as dist
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 EXIT_PEER_LOST = 75  # EX_TEMPFAIL: relaunching is the cure
 KEY = "encoder-distill/heartbeat/{rank}"
+TRANSPORT_WORDS = ("gloo", "NCCL", "Connection closed", "Connection reset", "Broken pipe")  # a collective's failure
 DONE = "done"
 
 
@@ -77,7 +80,39 @@ class PeerWatch:
         self.seen = {peer: (None, self.answered) for peer in self.seen}
         self.io.start()
         self.judge.start()
+        self.explain_collective_failures()
         return self
+
+    def explain_collective_failures(self) -> None:
+        """A peer killed outright (its connections closed) fails the collective at once, with the transport's
+        error naming an address, not a rank: an uncaught collective error then waits a couple of heartbeats to
+        see whose counter stopped, and says so in the one line of :meth:`lost` instead of a traceback."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+            if isinstance(err, RuntimeError) and any(word in str(err) for word in TRANSPORT_WORDS):
+                log.warning("rank %d: a collective failed; listening for the rank that stopped answering", self.rank)
+                silent = self.silent_peers()
+                if silent:
+                    names = ", ".join(self.where(peer) for peer in silent)
+                    first = str(err).splitlines()[0][:200]
+                    self.lost(f"{names} stopped answering: a collective failed ({type(err).__name__}: {first})")
+            previous(kind, err, tb)
+
+        sys.excepthook = hook
+
+    def silent_peers(self) -> list[int]:
+        """The peers whose counters do not move over the next two heartbeats (rank 0 if the store stopped
+        answering); empty if every one still beats."""
+        before, answered = {peer: counter for peer, (counter, _) in self.seen.items()}, self.answered
+        deadline = time.monotonic() + 2 * self.interval_s + 1
+        silent = [peer for peer, counter in before.items() if counter != DONE]
+        while silent and time.monotonic() < deadline:
+            time.sleep(0.1)
+            silent = [peer for peer in silent if self.seen[peer][0] == before[peer]]
+        if silent and self.answered == answered:  # no round completed at all: the store (rank 0) is gone
+            return [0] if self.rank != 0 else silent
+        return silent
 
     def stop(self) -> None:
         """This rank is done: its last beat says so (``done``), so that ranks still at work (rank 0 exporting
