@@ -102,16 +102,17 @@ class PeerWatch:
         sys.excepthook = hook
 
     def silent_peers(self) -> list[int]:
-        """The peers whose counters do not move over the next two heartbeats (rank 0 if the store stopped
-        answering); empty if every one still beats."""
-        before, answered = {peer: counter for peer, (counter, _) in self.seen.items()}, self.answered
-        deadline = time.monotonic() + 2 * self.interval_s + 1
-        silent = [peer for peer, counter in before.items() if counter != DONE]
-        while silent and time.monotonic() < deadline:
-            time.sleep(0.1)
-            silent = [peer for peer in silent if self.seen[peer][0] == before[peer]]
-        if silent and self.answered == answered:  # no round completed at all: the store (rank 0) is gone
-            return [0] if self.rank != 0 else silent
+        """The peers not heard from over the next two heartbeats (rank 0 if the store stopped answering): a live
+        peer's counter moves every interval, a dead one's last beat is at least an interval plus a second old
+        by the end of the wait, even when that beat was only read during it."""
+        answered = self.answered
+        time.sleep(2 * self.interval_s + 2)
+        now = time.monotonic()
+        silent = [
+            p for p, (counter, moved) in self.seen.items() if counter != DONE and now - moved > self.interval_s + 1
+        ]
+        if self.answered == answered and self.rank != 0:  # no round completed at all: the store (rank 0) is gone
+            return [0]
         return silent
 
     def stop(self) -> None:
