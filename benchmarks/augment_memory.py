@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402
+from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402
 
 VOCABULARY = (
     "the a socket server answers each client in its own thread logging module lets every library write to "
@@ -115,25 +115,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--mlm", type=Path)
     parser.add_argument("--work", type=Path, default=Path("/tmp/augment-memory"))
-    parser.add_argument("--out", type=Path, default=None, help="write the result file here")
-    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
-    parser.add_argument("--from-result", action="store_true", help="render --out without measuring")
+    add_result_options(parser, None)
     args = parser.parse_args()
-    if args.from_result:
-        result = json.loads(args.out.read_text(encoding="utf-8"))
-    else:
-        header = provenance(" ".join(["python benchmarks/augment_memory.py", *sys.argv[1:]]))
-        result = {
-            **header,
+
+    def measure() -> dict:
+        return {
+            **provenance(" ".join(["python benchmarks/augment_memory.py", *sys.argv[1:]])),
             "result_file": str(args.out.resolve().relative_to(REPO)) if args.out else None,
             "variants": args.variants,
             "workers": args.workers,
             "words": args.words,
             "sizes": measure_sizes(args),
         }
-        write_result(args.out, result)
-    if args.docs is not None:
-        render_between_markers(args.docs, "augment-memory", table(result))
+
+    print(table(measured_or_committed(args, measure, table, "augment-memory")))
 
 
 if __name__ == "__main__":

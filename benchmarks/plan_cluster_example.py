@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402  (REPO on the path first)
+from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402  (REPO on the path first)
 
 PRESET = ["configs/distilbert-base.yaml", "teacher=configs/teachers/bert-base-uncased", "data=no-dataset"]
 LAYOUTS = {  # name -> plan's cluster options
@@ -72,22 +72,17 @@ def table(result: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "training" / "plan-distilbert-base.json")
-    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
-    parser.add_argument("--from-result", action="store_true", help="render --out as it is, without running plan")
+    add_result_options(parser, REPO / "docs" / "training" / "plan-distilbert-base.json")
     args = parser.parse_args()
-    if args.from_result:
-        result = json.loads(args.out.read_text(encoding="utf-8"))
-    else:
-        result = {
+
+    def measure() -> dict:
+        return {
             **provenance(" ".join(["python benchmarks/plan_cluster_example.py", *sys.argv[1:]])),
             "result_file": str(args.out.resolve().relative_to(REPO)),
             "layouts": {name: run_plan(options) for name, options in LAYOUTS.items()},
         }
-        write_result(args.out, result)
-    if args.docs is not None:
-        render_between_markers(args.docs, "plan-example", table(result))
-    print(table(result))
+
+    print(table(measured_or_committed(args, measure, table, "plan-example")))
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import provenance, render_between_markers, write_result  # noqa: E402
+from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402
 
 FAULT_TESTS = [
     "tests/trainer/test_chaos.py",
@@ -64,29 +64,24 @@ def table(result: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "training" / "reliability.json")
-    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
-    parser.add_argument("--from-result", action="store_true", help="render --out as it is, without running tests")
+    add_result_options(parser, REPO / "docs" / "training" / "reliability.json")
     args = parser.parse_args()
-    if args.from_result:
-        result = json.loads(args.out.read_text(encoding="utf-8"))
-    else:
+
+    def measure() -> dict:
         header = provenance(" ".join(["python benchmarks/reliability.py", *sys.argv[1:]]))
         with tempfile.TemporaryDirectory() as records:
             env = {**os.environ, RECORDS_ENV: records, "DS_ACCELERATOR": "cpu"}
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAULT_TESTS]
             subprocess.run(command, cwd=REPO, env=env, check=True)
             found = [json.loads(p.read_text()) for p in sorted(Path(records).glob("*.json"))]
-        result = {
+        return {
             **header,
             "result_file": str(args.out.resolve().relative_to(REPO)),
             "tests": sorted({r["test"] for r in found}),
             "records": found,
         }
-        write_result(args.out, result)
-    if args.docs is not None:
-        render_between_markers(args.docs, "reliability", table(result))
-    print(table(result))
+
+    print(table(measured_or_committed(args, measure, table, "reliability")))
     return 0
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -81,6 +82,29 @@ def render_between_markers(doc: Path, name: str, text: str) -> None:
     page = doc.read_text(encoding="utf-8")
     head, tail = page.index(start) + len(start), page.index(end)
     doc.write_text(page[:head] + "\n" + text + "\n" + page[tail:], encoding="utf-8")
+
+
+def add_result_options(parser: argparse.ArgumentParser, default_out: Path | None) -> None:
+    """The options of a script whose result file feeds a doc table: where the file goes, the page to render
+    its table into, and rendering a committed file without measuring again."""
+    parser.add_argument("--out", type=Path, default=default_out, help="the result file")
+    parser.add_argument("--docs", type=Path, default=None, help="render the table into this Markdown file")
+    parser.add_argument("--from-result", action="store_true", help="render --out as it is, without measuring")
+
+
+def measured_or_committed(
+    args: argparse.Namespace, measure: Callable[[], dict], table: Callable[[dict], str], marker: str
+) -> dict:
+    """``--from-result``: the committed file; else ``measure()``, written to ``--out``. With ``--docs``, its
+    table rendered between the page's ``marker`` markers (:func:`render_between_markers`)."""
+    if args.from_result:
+        result = json.loads(args.out.read_text(encoding="utf-8"))
+    else:
+        result = measure()
+        write_result(args.out, result)
+    if args.docs is not None:
+        render_between_markers(args.docs, marker, table(result))
+    return result
 
 
 def write_result(path: Path | None, result: dict) -> None:
