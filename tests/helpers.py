@@ -402,14 +402,24 @@ class MlflowServer:
 
     def add_user(self, username: str, password: str) -> None:
         """A user of a basic-auth server, created by its admin through the server's REST API."""
+        self.as_admin("/api/2.0/mlflow/users/create", username=username, password=password)
+
+    def grant(self, username: str, model: str, permission: str) -> None:
+        """Give ``username`` ``permission`` (READ, EDIT, MANAGE, ...) on registered model ``model``, as an admin
+        does with ``mlflow.server.get_app_client("basic-auth", ...).grant_user_permission`` (its endpoint)."""
+        self.as_admin(
+            "/api/3.0/mlflow/users/permissions/grant",
+            username=username,
+            resource_type="registered_model",
+            resource_id=model,
+            permission=permission,
+        )
+
+    def as_admin(self, endpoint: str, **body: str) -> None:
+        """POST ``body`` to a basic-auth server's admin ``endpoint``; raises on any refusal."""
         import requests
 
-        done = requests.post(
-            f"{self.uri}/api/2.0/mlflow/users/create",
-            json={"username": username, "password": password},
-            auth=("admin", ADMIN_PASSWORD),
-            timeout=30,
-        )
+        done = requests.post(f"{self.uri}{endpoint}", json=body, auth=("admin", ADMIN_PASSWORD), timeout=30)
         done.raise_for_status()
 
     def healthy(self) -> bool:

@@ -1,11 +1,13 @@
 """A shared registry with permissions: a real ``mlflow server --app-name basic-auth`` on 127.0.0.1, users made by
 its admin, credentials in MLflow's usual variables (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD).
 
-* Wrong credentials fail the launch before any weight is loaded, in one line naming the user.
+* Wrong credentials fail the launch before any weight is loaded, and ``pull``, in one line naming the user.
 * Alice trains, registers ``shared-student@production`` (she created the model: she manages it), and pulls it.
 * Bob (the server's default permission: READ) trains into his own experiment; the registry refuses his version
   and the alias: one line naming him and the model, no retries, and his run still finishes with its
-  checkpoints and exported student. Alice's version keeps ``@production``.
+  checkpoints and exported student. Alice's version keeps ``@production``, also against ``promote``.
+* Once an admin grants Bob EDIT on the model, his ``promote`` moves ``@production`` (what docs/mlflow.md says
+  EDIT allows).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     wrong = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "wrong", settings(uri, "alice-runs"))
     assert wrong.process.wait(timeout=300) != 0
     log = wrong.log_path.read_text()
-    assert f"error: mlflow: the tracking server at {uri} refused the credentials of user 'alice'" in log, log[-3000:]
+    bad_credentials = f"error: mlflow: the tracking server at {uri} refused the credentials of user 'alice' (HTTP 401)"
+    assert bad_credentials in log, log[-3000:]
     assert "Loading weights" not in log and not (tmp_path / "wrong" / "metrics.jsonl").exists()
 
     # Alice: trains, registers (checkpoints and the final student), pulls.
@@ -73,6 +76,10 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     assert pulled.returncode == 0, pulled.stderr[-3000:]
     assert (tmp_path / "pulled" / "model.safetensors").is_file()
     versions = {v.version for v in client.search_model_versions(f"name='{NAME}'")}
+    as_user(monkeypatch, "alice", "not-her-password")
+    pulled = trainer_cli("pull", f"models:/{NAME}@production", str(tmp_path / "not-pulled"), "--tracking-uri", uri)
+    assert pulled.returncode == 2 and pulled.stderr.splitlines()[-1].startswith(bad_credentials), pulled.stderr
+    assert "Traceback" not in pulled.stderr and not (tmp_path / "not-pulled").exists()
 
     # Bob: READ on alice's model. His run finishes; the registry refuses him once per path, in one line each.
     as_user(monkeypatch, "bob")
@@ -87,6 +94,21 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     as_user(monkeypatch, "alice")
     assert {v.version for v in client.search_model_versions(f"name='{NAME}'")} == versions
     assert client.get_model_version_by_alias(NAME, "production").version == production.version
+
+    # Bob cannot move @production by hand either; once an admin grants him EDIT on the model, he can.
+    as_user(monkeypatch, "bob")
+    earlier = min(versions - {production.version}, key=int)  # one of alice's checkpoint versions
+    promote = ("promote", NAME, earlier, "production", "--tracking-uri", uri)
+    refused_promote = trainer_cli(*promote)
+    assert refused_promote.returncode == 1, refused_promote.stderr[-3000:]
+    assert refused_promote.stderr.splitlines()[-1] == (
+        f"error: promote: {refused} PERMISSION_DENIED): ask the model's owner or an admin for EDIT on it"
+    )
+    assert client.get_model_version_by_alias(NAME, "production").version == production.version
+    auth_server.grant("bob", NAME, "EDIT")
+    promoted = trainer_cli(*promote)
+    assert promoted.returncode == 0, promoted.stderr[-3000:]
+    assert client.get_model_version_by_alias(NAME, "production").version == earlier
     record_fault(
         "registry-permissions",
         fault="a shared registry (mlflow basic-auth): wrong credentials, and a user without permission on the model",

@@ -85,11 +85,12 @@ def limit_http_retries(cfg: MlflowConfig) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(cfg.request_timeout_s))
 
 
-def check_access(cfg: MlflowConfig) -> None:
+def check_access(cfg: MlflowConfig, way_out: str | None = "mlflow.enabled=false") -> None:
     """Before any heavy work: does the tracking server accept this process's credentials (MLflow's usual
     ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN``)? One request, no
-    retry, at most ``mlflow.request_timeout_s``. A refusal (401, 403) is a ConfigError naming the user; a server
-    that does not answer is left to the tracker, which retries in the background while training goes on."""
+    retry, at most ``mlflow.request_timeout_s``. A refusal (401, 403) is a ConfigError naming the user (and
+    ``way_out``, the setting that does without the server, where the caller has one); a server that does not
+    answer is left to the caller, whose own requests retry or fail as they would without this check."""
     uri = resolve_tracking_uri(cfg)
     if not cfg.tracks or not uri.startswith(("http://", "https://")):
         return
@@ -109,14 +110,24 @@ def check_access(cfg: MlflowConfig) -> None:
     except Exception:  # unreachable or slow: not a refusal
         return
     if response.status_code in (401, 403):
-        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-        who = (
-            f"user {user!r} (MLFLOW_TRACKING_USERNAME)" if user else "anonymous requests (no MLFLOW_TRACKING_USERNAME)"
-        )
         refusal = "refused the credentials of" if response.status_code == 401 else "does not let"
         raise ConfigError(
-            f"mlflow: the tracking server at {uri} {refusal} {who} (HTTP {response.status_code}"
+            f"mlflow: the tracking server at {uri} {refusal} {credentials_holder()} (HTTP {response.status_code}"
             + ("" if response.status_code == 401 else ": no permission to read experiments")
-            + "): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), "
-            "or mlflow.enabled=false"
+            + "): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            + (f", or {way_out}" if way_out else "")
         )
+
+
+def credentials_holder() -> str:
+    """Whom this process's MLflow requests speak for, as error lines name them: MLflow sends basic auth when
+    both ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` are set, else ``MLFLOW_TRACKING_TOKEN``
+    as a bearer token, else nothing. A refusal that names the wrong identity sends its reader to the wrong fix."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if user and os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+        return f"user {user!r}"
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return "the holder of MLFLOW_TRACKING_TOKEN"
+    if user:
+        return f"user {user!r} (no MLFLOW_TRACKING_PASSWORD)"
+    return "anonymous requests (no MLFLOW_TRACKING_USERNAME or MLFLOW_TRACKING_TOKEN)"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.atomic import atomic_directory
 from common.config import ConfigError
-from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
+from trainer.tracking.config import MlflowConfig, check_access, limit_http_retries, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     cfg = MlflowConfig(tracking_uri=ns.tracking_uri)
     limit_http_retries(cfg)
+    check_access(cfg, way_out=None)  # wrong credentials: one line, not MLflow's response body
     from mlflow.exceptions import MlflowException
 
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import os
 import shlex
 import sys
 import time
@@ -24,7 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.config import ConfigError
-from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
+from trainer.tracking.config import (
+    MlflowConfig,
+    check_access,
+    credentials_holder,
+    limit_http_retries,
+    resolve_tracking_uri,
+)
 from trainer.tracking.delivery import permanent
 
 if TYPE_CHECKING:
@@ -216,17 +221,18 @@ def register_or_explain(
 
 def refusal(err: Exception, name: str) -> str | None:
     """One sentence for a registry that refused this user (HTTP 401 or 403), naming the user and the model and
-    what permission it takes; None for any other error."""
+    the permission it takes; None for any other error. MLflow's basic-auth app asks EDIT on a registered model
+    both to add a version and to move an alias (``@production``): READ, the usual default, allows neither."""
     from mlflow.exceptions import MlflowException
 
     if not isinstance(err, MlflowException) or err.get_http_status_code() not in (401, 403):
         return None
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "anonymous")
+    who = credentials_holder()
     if err.get_http_status_code() == 401:
-        return f"the registry refused the credentials of user {user!r} (HTTP 401) while registering {name!r}"
+        return f"the registry refused the credentials of {who} (HTTP 401) while registering {name!r}"
     return (
-        f"user {user!r} may not register versions of {name!r} or move its aliases (HTTP 403 {err.error_code}): "
-        "ask the model's owner for EDIT on it (MANAGE to move aliases such as @production)"
+        f"{who} may not register versions of {name!r} or move its aliases (HTTP 403 {err.error_code}): "
+        "ask the model's owner or an admin for EDIT on it"
     )
 
 
@@ -273,6 +279,7 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(args)
     cfg = MlflowConfig(tracking_uri=ns.tracking_uri)
     limit_http_retries(cfg)
+    check_access(cfg, way_out=None)  # wrong credentials: one line, before the student is read
     tracking_uri = resolve_tracking_uri(cfg)
     from mlflow.exceptions import MlflowException
 
@@ -285,7 +292,7 @@ def main(argv: list[str]) -> int:
             ns.student_dir, name=ns.name, alias=ns.alias, run_id=ns.run_id, tracking_uri=tracking_uri, task=ns.task
         )
     except MlflowException as err:
-        print(f"error: {command}: {err.message}", file=sys.stderr)
+        print(f"error: {command}: {refusal(err, ns.name) or err.message}", file=sys.stderr)
         return 1
     print(f"registered {ns.name} version {version.version}" + (f" as @{ns.alias}" if ns.alias else ""))
     return 0
