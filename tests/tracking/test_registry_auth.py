@@ -8,6 +8,7 @@ its admin, credentials in MLflow's usual variables (MLFLOW_TRACKING_USERNAME / M
   checkpoints and exported student. Alice's version keeps ``@production``, also against ``promote``.
 * Once an admin grants Bob EDIT on the model, his ``promote`` moves ``@production`` (what docs/mlflow.md says
   EDIT allows).
+* (fast tier) the refusal line names whom the credentials speak for: a user, a token's holder, nobody.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from conftest import Launch
 from helpers import MlflowServer, record_fault
 
-pytestmark = [pytest.mark.full, pytest.mark.integration]
+pytestmark = pytest.mark.integration
 NAME = "shared-student"
 USERS = {"alice": "alice-password-1234", "bob": "bob-password-1234"}
 
@@ -44,6 +45,35 @@ def settings(uri: str, experiment: str) -> list[str]:
             "mlflow.register_checkpoints=true"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("credentials", "named"),
+    [
+        ({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "not-her-password"}, "user 'alice'"),
+        ({"MLFLOW_TRACKING_TOKEN": "not-a-token"}, "the holder of MLFLOW_TRACKING_TOKEN"),
+        ({}, "anonymous requests (no MLFLOW_TRACKING_USERNAME or MLFLOW_TRACKING_TOKEN)"),
+    ],
+    ids=["password", "token", "none"],
+)
+def test_refused_credentials_are_named_as_mlflow_sent_them(
+    auth_server: MlflowServer, monkeypatch: pytest.MonkeyPatch, credentials: dict[str, str], named: str
+) -> None:
+    from common.config import ConfigError
+    from trainer.tracking.config import MlflowConfig, check_access
+
+    for variable in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in credentials.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as refused:
+        check_access(MlflowConfig(tracking_uri=auth_server.uri))
+    assert str(refused.value).startswith(
+        f"mlflow: the tracking server at {auth_server.uri} refused the credentials of {named} (HTTP 401): "
+    )
+    as_user(monkeypatch, "alice")
+    check_access(MlflowConfig(tracking_uri=auth_server.uri))  # her own password: let in
+
+
+@pytest.mark.full
 def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     auth_server: MlflowServer,
     tiny_teacher_dir: Path,
