@@ -59,9 +59,8 @@ from trainer.runtime.optim import follow_schedule, follow_settings
 from trainer.runtime.peers import PeerWatch
 from trainer.runtime.profiling import step_profiler
 from trainer.tracking.checkpoints import start_registrar
-from trainer.tracking.config import check_access
 from trainer.tracking.registry import register_or_explain
-from trainer.tracking.tracker import start_tracker
+from trainer.tracking.tracker import check_access_on_rank0, start_tracker
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +92,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         cfg, world.world_size, load_universal=resume_point is not None and resume_point.universal
     )
     validate_against_teacher(cfg, None if cfg.teacher is None else load_teacher_config(cfg.teacher))
-    if world.is_main:
-        check_access(cfg.mlflow)  # wrong credentials fail here, before any weight is loaded
+    check_access_on_rank0(cfg.mlflow, world.is_main, world.world_size)  # wrong credentials: before any weight
     dataset = open_dataset(cfg.data)
     tokenizer_source, tokenizer_key = cfg.tokenizer_source()
     tokenizer = load_tokenizer(tokenizer_source)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
+from common.config import ConfigError
+from trainer.tracking.config import MlflowConfig, check_access, limit_http_retries, resolve_tracking_uri
 from trainer.tracking.delivery import Delivery, permanent
 
 log = logging.getLogger(__name__)
@@ -245,3 +246,21 @@ def broadcast_from_rank0(value: str | None, world_size: int) -> str | None:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_access_on_rank0(cfg: MlflowConfig, is_main: bool, world_size: int) -> None:
+    """Wrong MLflow credentials stop every rank here, before any weight is loaded, in one line: rank 0 asks the
+    server (:func:`~trainer.tracking.config.check_access`: one request per run, not one per rank) and tells the
+    others. Rank 0 raises the ConfigError (its one line); the others exit with the same status, 2, without
+    repeating it. Left to go on alone, they would die in their next collective, in a transport's stack trace."""
+    refused: ConfigError | None = None
+    if is_main:
+        try:
+            check_access(cfg)
+        except ConfigError as err:
+            refused = err
+    if broadcast_from_rank0(None if refused is None else str(refused), world_size) is None:
+        return
+    if refused is not None:
+        raise refused
+    raise SystemExit(2)  # a ConfigError's status (common.cli.run_cli): rank 0 says why
