@@ -62,6 +62,9 @@ class PreprocessConfig:
     """Cleaned text a reader buffers before spilling it to the work directory: bounds its memory."""
     bucket_input_bytes: int = 16 * 1024 * 1024
     """Input bytes per hash bucket: bounds the memory one worker needs to sort a bucket."""
+    progress_seconds: float = 30.0
+    """Between progress lines: each worker's per-file line, and the driver's per-stage line (a line per
+    half minute suits cluster logs)."""
     beam: dict[str, Any] = field(default_factory=dict)
     """Beam pipeline options, passed through unchanged (runner, direct_num_workers, project, ...)."""
 
@@ -84,6 +87,7 @@ class PreprocessConfig:
         require(self.spill_bytes >= 1, "spill_bytes", "must be >= 1")
         require(self.bucket_input_bytes >= 1024, "bucket_input_bytes", "must be >= 1024")
         require(bool(self.text_field), "text_field", "must not be empty")
+        require(self.progress_seconds > 0, "progress_seconds", f"must be > 0, got {self.progress_seconds}")
 
     def beam_options(self) -> dict[str, Any]:
         """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the

@@ -68,6 +68,7 @@ from preprocessing.packing import (
     token_frequencies,
 )
 from preprocessing.preflight import RunPlan, preflight
+from preprocessing.progress import FileProgress, Markers, StageWatch
 from preprocessing.quiet import show_progress_on_worker
 from preprocessing.readers import ReadOptions, read_documents
 from preprocessing.shards import npy_bytes, write_atomic, write_shard
@@ -77,7 +78,6 @@ log = logging.getLogger("preprocessing")
 # pick it with ``of_kind``. Beam's tagged outputs (``with_outputs``) would be the textbook way, but
 # the DaskRunner hands *all* of a step's outputs to every consumer of any one tag.
 SPILL, COUNT, STREAM, SHARD, TOKENS = "spill", "count", "stream", "shard", "token_counts"
-PROGRESS_SECONDS = 30.0  # between a long file's progress lines: a line per interval suits cluster logs
 _LENGTH = struct.Struct("<I")
 
 
@@ -109,29 +109,6 @@ class WorkerDoFn(beam.DoFn):
         show_progress_on_worker()
 
 
-class FileProgress:
-    """While one file is read, a line every ``interval`` seconds: how far into the file (on disk) the
-    reader is, so a multi-GB file shows its progress long before its summary line."""
-
-    def __init__(self, path: str, on_disk: int, counts: Counter, interval: float = PROGRESS_SECONDS):
-        self.path, self.on_disk, self.counts, self.interval = path, on_disk, counts, interval
-        self.started = self.last = time.monotonic()
-
-    def __call__(self, position: int) -> None:
-        now = time.monotonic()
-        if now - self.last < self.interval:
-            return
-        self.last = now
-        log.info(
-            "reading %s: %.0f%% of its %.1f MB on disk, %d documents so far (%.1f MB/s of text)",
-            self.path,
-            100 * position / max(self.on_disk, 1),
-            self.on_disk / 1e6,
-            self.counts["documents.read"],
-            self.counts["input_bytes"] / 1e6 / max(now - self.started, 1e-9),
-        )
-
-
 def of_kind(element: tuple[str, Any], kind: str) -> Iterator[Any]:
     """The value of an element of the given kind (a FlatMap: nothing for other kinds)."""
     if element[0] == kind:
@@ -150,6 +127,7 @@ class ReadAndClean(WorkerDoFn):
         self.cfg = cfg
         self.plan = plan
         self.read_options = ReadOptions(cfg.text_field, cfg.max_doc_chars, cfg.invalid_utf8)
+        self.markers = Markers(plan.output)
 
     def process(self, path: str) -> Iterator[Any]:
         started = time.monotonic()
@@ -157,7 +135,7 @@ class ReadAndClean(WorkerDoFn):
         buckets: dict[int, list[bytes]] = {}
         size = 0
         on_disk = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-        progress = FileProgress(path, on_disk, counts)
+        progress = FileProgress(path, on_disk, counts, self.cfg.progress_seconds, self.markers)
         for raw in read_documents(path, self.read_options, counts, progress):
             text, removed = clean_text(raw)
             if removed:
@@ -176,6 +154,7 @@ class ReadAndClean(WorkerDoFn):
                     yield from self._spill(buckets)
                     buckets, size = {}, 0
         yield from self._spill(buckets)
+        progress.done()
         seconds = time.monotonic() - started
         log.info(
             "read %s: %d documents (%d dropped), %.1f MB of text from %.1f MB on disk (%.0f%% of the input) "
@@ -224,6 +203,7 @@ class TokenizeBucket(WorkerDoFn):
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
         self.plan = plan
+        self.markers = Markers(plan.output)
 
     def setup(self) -> None:
         """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
@@ -249,6 +229,7 @@ class TokenizeBucket(WorkerDoFn):
                 handle.write(stream.tobytes())
             yield STREAM, (split, (bucket, len(stream), path))
         counts["documents.kept"] = unique - counts["documents.dropped.no_tokens"]
+        self.markers.mark("tokenize", f"{bucket:06d}", counts["documents.kept"], tokens)
         _count("tokens", tokens)
         for key, n in sorted(counts.items()):
             _count(key, n)
@@ -310,6 +291,7 @@ def plan_split(element: tuple[str, Any], cfg: PreprocessConfig, plan: RunPlan) -
     split, streams = element[0], list(element[1])
     tasks = plan_shards(split, streams, cfg.max_seq_len, cfg.samples_per_shard)
     tokens = sum(n_tokens for _, n_tokens, _ in streams)
+    Markers(plan.output).mark("plan", split, len(tasks))
     log.info(
         "tokenized %s: %s text tokens from %d of %d hash buckets -> %d shards to write",
         split,
@@ -332,6 +314,7 @@ class WriteShard(WorkerDoFn):
     def __init__(self, cfg: PreprocessConfig, plan: RunPlan):
         self.cfg = cfg
         self.plan = plan
+        self.markers = Markers(plan.output)
 
     def process(self, task: ShardTask) -> Iterator[Any]:
         started = time.monotonic()
@@ -341,6 +324,7 @@ class WriteShard(WorkerDoFn):
         entry = write_shard(self.plan.output, task.split, task.index, sequences, self.plan.pad_id)
         _count(f"shards.{task.split}")
         _count(f"sequences.{task.split}", len(sequences))
+        self.markers.mark("write", task.split, f"{task.index:06d}", len(sequences))
         yield SHARD, (task.split, entry)
         if task.split == "train":
             yield TOKENS, token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
@@ -502,7 +486,8 @@ def run(cfg: PreprocessConfig) -> dict[str, Any]:
         cfg.beam_options(),
     )
     started = time.monotonic()
-    with beam.Pipeline(runner=runner, options=options) as pipeline:
+    watch = StageWatch(plan.output, len(plan.files), plan.input_bytes, plan.num_buckets, cfg.progress_seconds)
+    with watch, beam.Pipeline(runner=runner, options=options) as pipeline:
         build_pipeline(pipeline, cfg, plan)
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)

@@ -180,6 +180,14 @@ def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path],
     (``beam={"direct_num_workers": 2}``). Returns ``out_dir``; raises with the tool's
     output if the run fails.
     """
+    preprocess(out_dir, tokenizer_dir, corpus, **overrides)
+    return Path(out_dir)
+
+
+def preprocess(
+    out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path], **overrides: object
+) -> subprocess.CompletedProcess:
+    """:func:`build_dataset`, returning the finished process (its stdout and stderr) instead."""
     corpora = corpus if isinstance(corpus, list) else [corpus]
     settings: dict[str, object] = {
         "input": [str(c) for c in corpora],
@@ -200,7 +208,7 @@ def build_dataset(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path],
         raise RuntimeError(
             f"preprocessing failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
-    return Path(out_dir)
+    return proc
 
 
 # Small spills and buckets so that even the 220 KB sample exercises several of each.

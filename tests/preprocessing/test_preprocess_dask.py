@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset, free_port
+from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset, free_port, preprocess
 
 pytestmark = pytest.mark.integration
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -88,13 +89,19 @@ def dataset_files(dataset: Path) -> dict[str, bytes]:
 @pytest.mark.full
 def test_dask_runner_writes_the_direct_runners_bytes(tmp_path, dask_cluster, two_files, bert_tokenizer_dir):
     direct = build_dataset(tmp_path / "direct", bert_tokenizer_dir, two_files, **TINY_DATASET_SETTINGS)
-    dask = build_dataset(
-        tmp_path / "dask",
+    dask = tmp_path / "dask"
+    run = preprocess(
+        dask,
         bert_tokenizer_dir,
         two_files,
         **TINY_DATASET_SETTINGS,
+        progress_seconds=0.05,
         beam={"runner": "DaskRunner", "address": dask_cluster},
     )
+    # The driver follows the Dask workers' progress through the markers they leave in the output.
+    shards = re.findall(r"progress: wrote (\d+) of (\d+) shards", run.stderr)
+    assert shards and shards[-1][0] == shards[-1][1] != "0", run.stderr[-3000:]
+    assert re.search(r"progress: tokenized (\d+) of \d+ hash buckets", run.stderr), run.stderr[-3000:]
     direct_files, dask_files = dataset_files(direct), dataset_files(dask)
     assert sorted(dask_files) == sorted(direct_files)
     assert len([name for name in dask_files if name.endswith(".tar")]) >= 4
@@ -105,6 +112,7 @@ def test_dask_runner_writes_the_direct_runners_bytes(tmp_path, dask_cluster, two
     direct_manifest, dask_manifest = (json.loads(files["manifest.json"]) for files in (direct_files, dask_files))
     assert dask_manifest["config"].pop("output") != direct_manifest["config"].pop("output")
     assert dask_manifest["config"].pop("beam") == {"runner": "DaskRunner", "address": dask_cluster}
+    assert dask_manifest["config"].pop("progress_seconds") != direct_manifest["config"].pop("progress_seconds")
     assert direct_manifest["config"].pop("beam") == {}
     assert dask_manifest == direct_manifest
     assert direct_manifest["documents"]["kept"] > 0

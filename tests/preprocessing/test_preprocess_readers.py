@@ -186,7 +186,7 @@ def test_long_single_line_in_a_file_is_dropped_and_reading_goes_on(tmp_path):
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_a_long_file_reports_its_progress_on_disk_while_it_is_read(tmp_path, suffix, caplog):
     """The progress line of a multi-GB file, at interval 0: one per chunk, rising to the file's end."""
-    from preprocessing.pipeline import FileProgress
+    from preprocessing.progress import FileProgress
 
     rng = random.Random(0)
     docs = [" ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(200)) for _ in range(3000)]
@@ -195,9 +195,7 @@ def test_a_long_file_reports_its_progress_on_disk_while_it_is_read(tmp_path, suf
     counts: Counter = Counter()
     with caplog.at_level("INFO", logger="preprocessing"):
         read_back = list(
-            read_documents(
-                str(path), ReadOptions(), counts, FileProgress(str(path), path.stat().st_size, counts, interval=0)
-            )
+            read_documents(str(path), ReadOptions(), counts, FileProgress(str(path), path.stat().st_size, counts, 0))
         )
     assert read_back == docs
     percents = [int(m) for m in re.findall(r"reading \S+long\.jsonl\S*: (\d+)% of its [\d.]+ MB on disk", caplog.text)]
