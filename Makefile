@@ -54,7 +54,7 @@ demo: setup
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
 
-# The offline GPU campaign's luggage (docs/benchmarks.md, "GPU campaign"): wheels the GPU machine lacks and
+# The offline GPU campaign's luggage (docs/gpu-machine.md): wheels the GPU machine lacks and
 # shards made by the real pipeline, in the git-ignored .gpu/ that a device call names in `carry`.
 gpu-wheels: setup
 	PY=$(PY) bash benchmarks/gpu/wheels.sh
@@ -63,7 +63,7 @@ gpu-data: setup
 	PY=$(PY) bash benchmarks/gpu/data.sh
 
 # A CPU venv with the GPU machine's library versions (KINDS.md's pip list of its 'cuda' image; its numpy 2.5.2
-# has no build for this Python 3.11), for running the suite against them (docs/benchmarks.md, "Before a GPU
+# has no build for this Python 3.11), for running the suite against them (docs/gpu-machine.md, "Before a GPU
 # session"). Git-ignored; about 4.6 GB (CUDA torch).
 GPU_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
 
@@ -72,11 +72,11 @@ gpu-venv: gpu-wheels
 
 # The GPU machine's Python 3.12.3 and its packages only (no deepspeed, webdataset, mlflow, ...), for
 # rehearsing a device call on this CPU machine with the carried wheels installed as the device installs
-# them (docs/benchmarks.md, "Before a GPU session"). Git-ignored; about 5.3 GB.
+# them (docs/gpu-machine.md, "Before a GPU session"). Git-ignored; about 5.3 GB.
 device-venv: setup
 	PY=$(PY) bash benchmarks/gpu/device_venv.sh .device-venv $(GPU_PINS)
 
-# The gpu-scale ablation's luggage (docs/quality.md, "The gpu scale on the offline GPU machine"): the
+# The gpu-scale ablation's luggage (docs/gpu-machine.md, "The ablation on the GPU machine"): the
 # dataset made here by the real Beam pipeline, all-MiniLM-L6-v2 in float16 and the wheels, in .gpu-ablation/.
 gpu-ablation: setup
 	PY=$(PY) bash benchmarks/quality/gpu_prepare.sh

@@ -13,7 +13,7 @@ there (the host batch; the step counter of a non-fused AdamW, while build_engine
 
 Then it counts every aten op of the same steps, by phase and by the nearest frame outside torch that
 issued it. On CUDA each op passes through the dispatcher on the host, and most launch a kernel: a step
-whose ops take the host longer to issue than the GPU to run is bound by the host (docs/benchmarks.md,
+whose ops take the host longer to issue than the GPU to run is bound by the host (docs/log/benchmarks.md,
 "Host work per step"). The model's backward ops show as issued by DeepSpeed's ``backward``, which calls
 autograd. ``compile=true`` is not applied here.
 """

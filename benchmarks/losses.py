@@ -14,7 +14,7 @@ Eager, each loss upcasts its inputs to float32 and makes a pass over memory per 
 iteration, their ratio, the two losses' difference and the largest gradient difference (so the
 compiled twin is checked to compute the same thing), and on CUDA each variant's peak memory.
 The times are of the losses alone: their share of a whole step is what the GPU campaign's bare
-step with ``--compile`` shows (docs/benchmarks.md).
+step with ``--compile`` shows (docs/log/benchmarks.md).
 
 Then the matmul that makes those logits, the MLM decoder's ``hidden @ Wᵀ + b`` at the same positions, as a
 step runs it (the teacher's forward, the student's forward and backward), three ways: the vocabulary as
@@ -25,7 +25,7 @@ logits is 61,044 bytes, not a multiple of 16, and the H200's profile of the bare
 2-element-aligned sm80 CUTLASS kernel (``..._align2``, 1.05 ms of a 29.8 ms step at 32 x 512) beside the
 sm90 kernels of every other matmul. The report gives each variant's time and the padded one's largest
 differences from the plain one: on one H200, 1.97x as they are, so the GPU presets set
-``objective.vocab_multiple: 64`` (docs/benchmarks.md, "Measured a third time").
+``objective.vocab_multiple: 64`` (docs/log/benchmarks.md, "Measured a third time").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 #   make gpu-venv   the GPU machine's torch and transformers, in .gpu-venv/ (git-ignored)
 #   REST=latest bash benchmarks/pinned_venv.sh .floor-venv torch==2.6.0 transformers==5.0.0 tokenizers==0.22.1
 #                   a candidate lower floor for pyproject.toml (in a clone whose floors admit it)
-# The test suite and the GPU path's dry runs then run against those versions (docs/benchmarks.md, "Before a
+# The test suite and the GPU path's dry runs then run against those versions (docs/gpu-machine.md, "Before a
 # GPU session"): code that only the .venv's versions ran can stop on an API that came later, on a device call
 # (the scarcest thing this project has) or on a user's cluster.
 #

@@ -1,4 +1,4 @@
-"""Preprocessing throughput and memory, next to the bare tokenizer (docs/benchmarks.md).
+"""Preprocessing throughput and memory, next to the bare tokenizer (docs/log/benchmarks.md).
 
     python benchmarks/preprocess_throughput.py [--corpora /work/shared/corpora] [--copies 1 8] [--repeats 1]
 

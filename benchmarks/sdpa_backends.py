@@ -20,7 +20,7 @@ Then it times each kernel that runs, and PyTorch's own choice (``auto``): the fo
 ``no_grad`` (what the teacher runs), and the forward and backward (what the student runs), in ms and in
 TFLOP/s of the model FLOPs ``plan`` counts for attention (``Q Kᵀ`` and ``A V``: ``4 b h s² d`` forward,
 twice that backward). The step's floor puts attention at the matmul ceiling (788 TFLOP/s on an H200) and
-the H200 measured it at 3.6x that (docs/benchmarks.md, "The step's floor"): these rates say whether any
+the H200 measured it at 3.6x that (docs/log/benchmarks.md, "The step's floor"): these rates say whether any
 kernel PyTorch offers for these shapes comes nearer (forcing it in a run is then the change to measure),
 or whether attention's kernels bound the step. On CPU (the dry run) the same runs, on the CPU's kernels:
 nothing from it means anything for a GPU.

@@ -30,7 +30,7 @@ What is counted:
   parameter count: each 16-bit gradient cast to float32, the fused update (gradient, master weight and two
   moments read, the last three written: 28 bytes a parameter) and the copy back to 16 bits;
 * not the masking: the meta batch comes masked (``DynamicMasker`` took 0.23 of the step's 29.8 ms of
-  kernels on an H200, docs/benchmarks.md).
+  kernels on an H200, docs/log/benchmarks.md).
 
 The ceilings are ``--matmul-tflops`` and ``--bandwidth-tbs``: measured ones where known (a large bf16
 matmul; a large device-to-device copy, bytes read plus bytes written). ``distill_step.py --floor``
@@ -313,7 +313,7 @@ def measured_matmul_peak(
     step's matmuls take (``x @ W.T``, ``nn.Linear``'s forward; ``x @ W``, its input gradient): the practical
     ceiling of this device. Each size runs for about ``seconds``; a size whose one call takes longer ends that
     layout's growth. Both matter on a CPU without bfloat16 units, where one layout's bf16 rate falls with
-    the size and the other's does not (docs/benchmarks.md, "CPU ceilings")."""
+    the size and the other's does not (docs/log/benchmarks.md, "CPU ceilings")."""
     best = 0.0
     for transposed in (True, False):
         for size in sizes:

@@ -27,6 +27,6 @@ def clean_text(text: str) -> tuple[str, bool]:
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)
     # Per line, collapse whitespace runs; blank lines vanish. str.split() is one C loop with no
-    # pattern matching, cheaper than regex substitutions doing the same (docs/benchmarks.md).
+    # pattern matching, cheaper than regex substitutions doing the same (docs/log/benchmarks.md).
     lines = (" ".join(line.split()) for line in text.split("\n"))
     return "\n".join(line for line in lines if line), removed

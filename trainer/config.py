@@ -249,7 +249,7 @@ class DeepSpeedConfig:
     # bf16 only. false: the trainer's FiniteGuard stops the run at the first non-finite loss or gradient norm,
     # before anything is saved. true: such a step is skipped, and training goes on. ZeRO-1/2 then check every
     # gradient for inf/NaN before each optimizer step (DeepSpeed's bf16.check_grad_overflow), at about 13 device
-    # ops per parameter and 2 host reads a step (docs/benchmarks.md, "Host work per step"); ZeRO-3 skips a step
+    # ops per parameter and 2 host reads a step (docs/log/benchmarks.md, "Host work per step"); ZeRO-3 skips a step
     # whose gradient norm is not finite in either case.
     bf16_skip_nonfinite: bool = False
     # A rank that has not been heard from for this long (its node died or froze) stops every other rank, with

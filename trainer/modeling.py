@@ -129,7 +129,7 @@ class RowPaddedLinear(nn.Linear):
 
     Why: a bf16 row of BERT's 30,522 logits is 61,044 bytes, not a multiple of 16, and a GPU's tensor-core
     matmul kernels want 16-byte-aligned rows; the H200's profile ran a step's decoder matmuls in a
-    2-element-aligned Ampere kernel beside the Hopper kernels of every other matmul (docs/benchmarks.md).
+    2-element-aligned Ampere kernel beside the Hopper kernels of every other matmul (docs/log/benchmarks.md).
     Padding the model's vocabulary itself would make the exported student a 30,528-token BERT that its
     tokenizer does not match; padding at each call costs copies of the weight and the logits' gradient
     instead (``benchmarks/losses.py`` times both ways). It holds the decoder's own parameters, so tied

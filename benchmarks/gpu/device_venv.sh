@@ -11,7 +11,7 @@
 # install and import on 3.12, that they are all the device lacks, or that nothing on the device path imports
 # a package the device does not have. A Python here that is the device's, with the device's packages and
 # only those, can: the campaign and the ablation then run here exactly as a device call runs them
-# (docs/benchmarks.md, "Before a GPU session").
+# (docs/gpu-machine.md, "Before a GPU session").
 #
 # * The interpreter: 3.12.3 is Ubuntu 24.04's python3.12, and this machine (Debian 12) has only 3.11 and no
 #   python.org or GitHub to fetch another. Ubuntu's archive answers, so its python3.12 packages are unpacked

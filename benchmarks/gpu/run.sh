@@ -19,7 +19,7 @@
 #               after each piece, so the same command again on the warm machine, with the budget that is
 #               left, continues where the last call stopped (what is done is not measured again).
 # and writes at most 7 files into OUTDIR (the device tool returns 8 at most): versions.txt, tests.log,
-# tests.xml, throughput.log, throughput.json, throughput.md, summary.md. docs/benchmarks.md, "GPU campaign".
+# tests.xml, throughput.log, throughput.json, throughput.md, summary.md. docs/gpu-machine.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [session|tests|cases|steps|all]}
@@ -142,7 +142,7 @@ case $MODE in
             tests
         fi
         report
-        # compile is what is left for the kernel-bound step (docs/benchmarks.md, "What bounds the engine"): its
+        # compile is what is left for the kernel-bound step (docs/log/benchmarks.md, "What bounds the engine"): its
         # bare step before the rest, so that a short call still says whether it pays; then the output layer's
         # two measurements in one process (a minute: the compiled losses, the decoder's matmuls padded or not)
         throughput steps --only project-compiled,losses

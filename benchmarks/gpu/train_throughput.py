@@ -107,7 +107,7 @@ class Case:
     seq: int
     micro: int
     # 6 measured intervals of 10 steps after the first: in the second campaign's 2 intervals a step, the
-    # headline's variants differed by up to a third in directions no setting explains (docs/benchmarks.md)
+    # headline's variants differed by up to a third in directions no setting explains (docs/log/benchmarks.md)
     steps: int = 70
     log_every: int = 10
     global_batch: int | None = None  # None: one micro-batch per step
@@ -122,7 +122,7 @@ def full_cases() -> list[Case]:
     small presets at 512, DistilBERT's 4096-sequence global batch through gradient accumulation, and the
     128-token sweep."""
     cases = [Case("distilbert-512-mb32", "distilbert-base", 512, 32)]
-    # The headline with one or two settings changed, for ratios measured side by side (docs/benchmarks.md, "Why the
+    # The headline with one or two settings changed, for ratios measured side by side (docs/log/benchmarks.md, "Why the
     # engine runs at half the bare step"): DeepSpeed's throughput timer back on (two device syncs a step, as
     # before deepspeed_config turned it off); ZeRO-2 without overlap_comm (a sync after every backward, which
     # pays only on several GPUs); that and contiguous_gradients off too, the fewest ops and syncs ZeRO-2 allows

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wheels for the offline GPU machine: `make gpu-wheels` (or `bash benchmarks/gpu/wheels.sh [DEST]`).
 #
-# The GPU machines (docs/benchmarks.md, "GPU campaign") run Python 3.12 on x86-64 with CUDA, torch,
+# The GPU machines (docs/gpu-machine.md) run Python 3.12 on x86-64 with CUDA, torch,
 # transformers, numpy, pyyaml, psutil, pyarrow, tokenizers, safetensors, ninja, einops, msgpack,
 # py-cpuinfo, nvidia-ml-py, tqdm, packaging and pytest already installed, and no package index. What the
 # trainer and the GPU tests import beyond that travels as wheels in DEST (default .gpu/wheels, git-ignored),

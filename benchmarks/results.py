@@ -1,0 +1,204 @@
+"""The current answers, as tables generated from committed result files: README's one results table, the
+speed table opening docs/benchmarks.md and the ablation tables opening docs/quality.md.
+
+    python benchmarks/results.py            # re-render README.md, docs/benchmarks.md, docs/quality.md
+    python benchmarks/results.py --check    # exit 1 if a page's table differs from what the files give
+
+Measures nothing: each figure is read from the file named under its table (the latest GPU campaign, the
+latest GPU ablation, the demo's timing), so a new result file changes the pages only through this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.demo_time import minutes  # noqa: E402
+from benchmarks.suite_time import render_between_markers  # noqa: E402
+
+THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
+ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
+DEMO_TIME = Path("docs/demo/demo-time.json")
+SUITE_TIME = Path("docs/test-suite/suite-time.json")
+HEADLINE = "distilbert-512-gb4096-mb64"  # the preset as shipped: 4096-sequence batches, 64 x 64 by accumulation
+FAMILIES = {"bert": "BERT teacher pretrained here (6 x 512)", "minilm": "all-MiniLM-L6-v2 + fitted MLM head"}
+TASK_LABELS = {"debian-section": "section (acc)", "debian-size": "size (r)", "wordnet-hypernym": "hypernym (acc)"}
+
+
+def load(path: Path) -> dict:
+    return json.loads((REPO / path).read_text(encoding="utf-8"))
+
+
+def variants() -> dict[str, str]:
+    """Run name (``bert-a``) -> what it is (``(a) L_ce + L_mlm + L_cos, teacher init``): the ablation's runs.tsv."""
+    with open(REPO / ABLATION / "runs.tsv", encoding="utf-8") as handle:
+        return {row["name"]: row["variant"] for row in csv.DictReader(handle, delimiter="\t")}
+
+
+def run_name(model_path: str) -> str:
+    """``.../all-gpu/bert-a/student`` -> ``bert-a``; a teacher directory keeps its last name."""
+    parts = model_path.rstrip("/").split("/")
+    return parts[-2] if parts[-1] == "student" else parts[-1]
+
+
+def speed_table() -> str:
+    data = load(THROUGHPUT)
+    rows = [
+        "| case | preset | tokens | micro-batch | tokens/s | MFU | peak GiB | waiting for data |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in sorted(data["cases"], key=lambda c: -(c["tokens_per_s"] or 0)):
+        if case["rc"] != 0 or "profile.steps=3" in case["overrides"]:
+            continue  # a profiled run measures the profiler
+        rows.append(
+            f"| {case['name']} | {case['preset']} | {case['seq']} | {case['micro']} | {case['tokens_per_s']:,.0f} | "
+            f"{case['mfu']:.1%} | {case['max_memory_gib']:.1f} | {case['data_wait_share']:.1%} |"
+        )
+    steps = ", ".join(
+        f"{s['name']} {s['tokens_per_s']:,.0f} tokens/s ({s['mfu']:.1%})"
+        for s in data["steps"]
+        if s["step"] in {"project", "naive"}
+    )
+    rows += [
+        "",
+        f"The training step alone (micro-batch 32, 512 tokens): {steps}. One {data['device']}, {data['versions']}; "
+        f"MFU against {data['peak_flops'] / 1e12:.0f} TFLOP/s dense bf16. From `{THROUGHPUT}` "
+        "(`benchmarks/gpu/run.sh` on the device; docs/gpu-machine.md).",
+    ]
+    return "\n".join(rows)
+
+
+def family_table(family: str) -> str:
+    """One family's ablation: suite average and share (raw, as the suite reports it), held-out masked LM."""
+    suite, mlm, names = load(ABLATION / f"suite-{family}.json"), load(ABLATION / f"mlm-{family}.json"), variants()
+    by_run = {run_name(m["model"]): m for m in mlm["models"]}
+    tasks = list(suite["tasks"])
+    rows = [
+        "| model | " + " | ".join(TASK_LABELS.get(t, t) for t in tasks) + " | suite average | share of teacher "
+        "| masked-LM accuracy | perplexity | top-1 agreement |",
+        "|---|" + "---:|" * (len(tasks) + 5),
+    ]
+    teacher_mlm = mlm["teacher"]
+    for model in suite["models"]:
+        name = run_name(model["model"])
+        label = names.get(name, "teacher")
+        if name == "teacher" or label == "teacher":
+            label, scored = "teacher", teacher_mlm
+        else:
+            scored = by_run.get(name, {})
+        cells = " | ".join(f"{model['tasks'][t]['mean']:.3f}" for t in tasks)
+        masked = (
+            f"{scored['mlm_accuracy']:.3f} | {scored['perplexity']:,.1f} | "
+            + (f"{scored['top1_agreement']:.3f}" if "top1_agreement" in scored else "-")
+            if scored
+            else "- | - | -"
+        )
+        rows.append(f"| {label} | {cells} | {model['average']:.3f} | {model['share']:.1%} | {masked} |")
+    baseline = " · ".join(f"{TASK_LABELS.get(t, t)} {info['bow_baseline']:.3f}" for t, info in suite["tasks"].items())
+    config = suite["config"]
+    rows += [
+        "",
+        f"{FAMILIES[family]}. Suite: {config['train_size']} training and {config['valid_size']} validation examples a "
+        f"task, seeds {config['seeds']}, each task at the better of rates {config['lrs']} picked on the same "
+        f"validation split it reports; bag-of-words baseline {baseline}. Masked LM: {mlm['config']['max_batches']} "
+        f"held-out batches of {mlm['config']['batch_size']} on {mlm['device']}. From `{ABLATION}/suite-{family}.json` "
+        f"and `mlm-{family}.json`.",
+    ]
+    return "\n".join(rows)
+
+
+def demo_line() -> str:
+    path = REPO / DEMO_TIME
+    if not path.exists():
+        return "not measured yet"
+    runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    low, high = min(r["seconds"] for r in runs), max(r["seconds"] for r in runs)
+    return f"{minutes(low)} to {minutes(high)} ({len(runs)} runs)"
+
+
+def readme_table() -> str:
+    throughput = {c["name"]: c for c in load(THROUGHPUT)["cases"]}
+    head = throughput[HEADLINE]
+    best = max((c for c in throughput.values() if c["rc"] == 0), key=lambda c: c["tokens_per_s"] or 0)
+    compiled = ", compiled" if "compile=true" in best["overrides"] else ""
+    demo = json.loads((REPO / DEMO_TIME).read_text()) if (REPO / DEMO_TIME).exists() else None
+    rows = [
+        "| question | current answer | from |",
+        "|---|---|---|",
+        f"| how fast, `distilbert-base` on one H200 (512 tokens, 4096-sequence batches) | {head['tokens_per_s']:,.0f} "
+        f"tokens/s, {head['mfu']:.1%} MFU, {head['max_memory_gib']:.1f} GiB; best case {best['tokens_per_s']:,.0f} "
+        f"({best['mfu']:.1%}, micro-batch {best['micro']}{compiled}) "
+        f"| `{THROUGHPUT}` |",
+    ]
+    for family in FAMILIES:
+        suite, mlm = load(ABLATION / f"suite-{family}.json"), load(ABLATION / f"mlm-{family}.json")
+        share = {run_name(m["model"]): m["share"] for m in suite["models"]}
+        accuracy = {run_name(m["model"]): m["mlm_accuracy"] for m in mlm["models"]}
+        rows.append(
+            f"| how good: a 3-layer student, teacher {FAMILIES[family]}, 19.7M tokens | keeps "
+            f"{share[f'{family}-a']:.1%} of the teacher's suite average, the untrained copy of its layers "
+            f"{share[f'{family}-f']:.1%} (two seeds, no confidence interval yet: not a measured difference); "
+            f"held-out masked-LM accuracy {accuracy[f'{family}-a']:.3f} (teacher "
+            f"{mlm['teacher']['mlm_accuracy']:.3f}, copied layers {accuracy[f'{family}-f']:.3f}, L_mlm from scratch "
+            f"{accuracy[f'{family}-e']:.3f}) | `{ABLATION}/` |"
+        )
+    if demo is not None:
+        machine = demo["machine"]
+        rows.append(
+            f"| how long `make demo` takes, after setup | {demo_line()} on {machine['cpus']} CPUs | `{DEMO_TIME}` |"
+        )
+    return "\n".join(rows)
+
+
+def suite_time_table() -> str:
+    from benchmarks import suite_time
+
+    result = load(SUITE_TIME)
+    return suite_time.table(result) + (
+        f"\nFrom `{SUITE_TIME}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs), made by "
+        f"`{result['command']}`. CI's own run of the whole suite on a clean clone took longer since (the record)."
+    )
+
+
+def demo_time_table() -> str:
+    from benchmarks import demo_time
+
+    return demo_time.table(load(DEMO_TIME)) if (REPO / DEMO_TIME).exists() else "Not measured yet."
+
+
+PAGES = {
+    "README.md": {"results": readme_table},
+    "docs/benchmarks.md": {"speed": speed_table, "demo-time": demo_time_table, "suite-time": suite_time_table},
+    "docs/quality.md": {
+        "ablation-bert": lambda: family_table("bert"),
+        "ablation-minilm": lambda: family_table("minilm"),
+    },
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if a page's table is stale")
+    args = parser.parse_args()
+    stale = []
+    for page, tables in PAGES.items():
+        path = REPO / page
+        before = path.read_text(encoding="utf-8")
+        for marker, render in tables.items():
+            render_between_markers(path, marker, render())
+        if args.check and path.read_text(encoding="utf-8") != before:
+            path.write_text(before, encoding="utf-8")
+            stale.append(page)
+    if stale:
+        print(f"stale tables in {', '.join(stale)}: run python benchmarks/results.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

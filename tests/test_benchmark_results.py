@@ -1,0 +1,26 @@
+"""The results pages are what the committed result files give: README's table, docs/benchmarks.md's and
+docs/quality.md's, rendered by benchmarks/results.py; a new result file without a re-render fails here."""
+
+import json
+import subprocess
+import sys
+
+from helpers import REPO
+
+
+def test_the_pages_tables_are_the_committed_files_rendered():
+    command = [sys.executable, "benchmarks/results.py", "--check"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_figure_in_the_readme_table_is_in_its_file():
+    """Spot-check the rendering against the files themselves, not against itself."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("<!-- results:start -->") : readme.index("<!-- results:end -->")]
+    throughput = json.loads((REPO / "docs/gpu-campaign/throughput.json").read_text())
+    headline = next(c for c in throughput["cases"] if c["name"] == "distilbert-512-gb4096-mb64")
+    assert f"{headline['tokens_per_s']:,.0f} tokens/s" in table
+    suite = json.loads((REPO / "docs/gpu-ablation/2026-11-28-h200/suite-minilm.json").read_text())
+    student = next(m for m in suite["models"] if m["model"].endswith("/minilm-a/student"))
+    assert f"keeps {student['share']:.1%}" in table
