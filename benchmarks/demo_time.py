@@ -43,7 +43,7 @@ def run_demo(python_bin: Path) -> dict:
     if closing is None:
         raise RuntimeError(f"no closing line in the demo's output:\n{proc.stdout[-2000:]}")
     stages = {m["name"]: int(m["seconds"]) for m in STAGE.finditer(closing["stages"])}
-    score = re.search(r"the student keeps [\d.]+% of the teacher", proc.stdout)
+    score = re.search(r"the student keeps -?[\d.]+% of the teacher's skill above chance", proc.stdout)
     return {
         "seconds": round(seconds, 1),
         "stages": stages,

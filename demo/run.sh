@@ -12,7 +12,8 @@
 #   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
 #   DEMO_MAX_STEPS  distillation steps (default: max_steps in configs/demo-minilm-3l.yaml)
 #   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
-#   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's examples (default: 200, 200)
+#   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_DEV_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's train, dev and test
+#                   examples (default: 200, 200, 200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,7 +72,8 @@ step finetune "5/6 fine-tuning the student: Python docs vs Linux docs (demo/clas
 SUITE_TASK=debian-section
 step suite "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"
 "$PYTHON" -m trainer evaluate-suite "$TEACHER" "$OUT/student" tasks="[$SUITE_TASK]" seeds='[0]' \
-    train_size="${DEMO_SUITE_TRAIN_SIZE:-200}" valid_size="${DEMO_SUITE_VALID_SIZE:-200}" \
+    train_size="${DEMO_SUITE_TRAIN_SIZE:-200}" dev_size="${DEMO_SUITE_DEV_SIZE:-200}" \
+    valid_size="${DEMO_SUITE_VALID_SIZE:-200}" \
     output="$OUT/suite.json"
 SIDE_BY_SIDE=$("$PYTHON" - "$OUT/suite.json" <<'PY'
 import json, sys
@@ -81,7 +83,8 @@ report = json.load(open(sys.argv[1]))
 teacher, student = report["models"]
 print(
     f"{task} ({info['metric']}, {info['train_size']} training examples): student {student['tasks'][task]['mean']:.3f}"
-    f" | teacher {teacher['tasks'][task]['mean']:.3f} | the student keeps {student['share']:.1%} of the teacher"
+    f" | teacher {teacher['tasks'][task]['mean']:.3f} | chance {info['chance']:.3f} | the student keeps"
+    f" {student['share']:.1%} of the teacher's skill above chance"
 )
 PY
 )

@@ -30,6 +30,7 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
         "DEMO_MAX_STEPS": "4",
         "DEMO_FT_EPOCHS": "1",
         "DEMO_SUITE_TRAIN_SIZE": "32",
+        "DEMO_SUITE_DEV_SIZE": "32",
         "DEMO_SUITE_VALID_SIZE": "32",
         "PYTHON": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -74,7 +75,8 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     side_by_side = (
         r"^Student vs teacher \(all-MiniLM-L6-v2\), fine-tuned alike: debian-section \(accuracy, 32 training "
         rf"examples\): student {student_entry['tasks']['debian-section']['mean']:.3f} \| teacher "
-        rf"{teacher['tasks']['debian-section']['mean']:.3f} \| the student keeps [\d.]+% of the teacher$"
+        rf"{teacher['tasks']['debian-section']['mean']:.3f} \| chance {suite['tasks']['debian-section']['chance']:.3f} "
+        r"\| the student keeps -?[\d.]+% of the teacher's skill above chance$"
     )
     assert re.search(side_by_side, proc.stdout, re.MULTILINE), proc.stdout[-2000:]
 

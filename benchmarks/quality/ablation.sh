@@ -58,7 +58,7 @@ case "$SCALE" in
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=1  # as the gpu scale it rehearses; a second rank would cost every run a process start, not a check
         # jobs, lrs: the gpu scale's fine-tunes at once in worker processes, and its two rates, rehearsed
-        SUITE=(tasks='[debian-section]' train_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2 lrs='[1e-4,5e-4]')
+        SUITE=(tasks='[debian-section]' train_size=16 dev_size=16 valid_size=16 epochs=1 batch_size=8 seeds='[0]' jobs=2 lrs='[1e-4,5e-4]')
         PROBE=(method=probe tasks='[debian-section]' train_size=64 valid_size=32)
         MLM=(max_batches=2 batch_size=8)
         # MiniLM's (b)-(e) take the code paths of the BERT family's, which the toy runs whole: only (a), (f)
@@ -70,7 +70,7 @@ case "$SCALE" in
         VALID=0.02
         export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
         RANKS=2
-        SUITE=(train_size=200 valid_size=150 seeds='[0]')  # 14 models x 3 tasks, one seed: about 7 min
+        SUITE=(train_size=200 dev_size=150 valid_size=150 seeds='[0]')  # 14 models x 3 tasks, one seed: about 7 min
         PROBE=()  # none: on all the data it costs 40-90 s a model here, 10-20 min past the hour (by hand: docs/log/quality.md)
         MINILM_VARIANTS=(a b c d e f)
         MLM=(max_batches=25 batch_size=32)

@@ -131,7 +131,8 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         },
         "suite_tasks": suite["tasks"],
         "suite_config": {
-            k: suite["config"].get(k) for k in ("train_size", "valid_size", "seeds", "epochs", "tasks", "lr", "lrs")
+            k: suite["config"].get(k)
+            for k in ("train_size", "dev_size", "valid_size", "seeds", "epochs", "tasks", "lr", "lrs")
         },
         "probe_config": {k: probe["config"][k] for k in ("train_size", "valid_size", "tasks")} if probe else None,
         "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
@@ -248,7 +249,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Scale `{report['scale']}`; corpora {report['corpora']}: {data['documents']} documents, "
         f"{data['train_tokens']:,} training and {data['valid_tokens']:,} held-out tokens at {data['seq_len']} "
         f"tokens per sequence. MLM figures on {report['masked_tokens_scored']:,} masked held-out tokens (one "
-        f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, valid_size "
+        f"uniform 15 % mask for every model). Suite: train_size {suite['train_size']}, dev_size "
+        f"{suite.get('dev_size')} (every choice), valid_size (the test) "
         f"{suite['valid_size']}, epochs {suite['epochs']}, seeds {suite['seeds']}, {rates}.{probe_note} Steps: "
         f"{sum(int(s['seconds']) for s in report['steps']) / 60:.1f} min in all; {invocation}: "
         f"{report['wall_seconds'] / 60:.1f} min on {report['machine']['cpus']} CPUs (load average at the end "

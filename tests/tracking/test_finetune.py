@@ -174,6 +174,28 @@ def test_sentence_pairs_are_encoded_as_one_sequence_of_two_segments(tiny_student
         finetune(config(tiny_student_dir, missing, tmp_path / "o", "text_column=a", "text_pair_column=b"))
 
 
+def test_a_test_file_is_scored_once_by_the_final_model_and_predictions_are_kept(tiny_student_dir, tmp_path):
+    """``test=`` scores the final model on a held-out file (no choice is made on it) and
+    ``save_predictions=true`` writes each validation and test example's prediction and label, from which the
+    reported accuracies follow; a test label the model was not trained on is refused, naming the key."""
+    rows = [json.loads(line) for line in DOCS.read_text().splitlines() if line.strip()]
+    splits = {"train": rows[:40], "dev": rows[40:60], "test": rows[60:90]}
+    for name, part in splits.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    out = tmp_path / "run"
+    cfg = config(tiny_student_dir, tmp_path / "train.jsonl", out, f"validation={tmp_path / 'dev.jsonl'}")
+    result = finetune(dataclasses.replace(cfg, test=str(tmp_path / "test.jsonl"), save_predictions=True, epochs=1))
+    kept = json.loads((out / "predictions.json").read_text())
+    for split, scored in (("validation", result), ("test", result["test"])):
+        predicted, label = kept[split]["predicted"], kept[split]["label"]
+        assert label == [str(r["label"]) for r in splits["dev" if split == "validation" else "test"]]
+        assert scored["accuracy"] == sum(p == t for p, t in zip(predicted, label, strict=True)) / len(label)
+    assert result["test"]["total"] == 30 and "predictions" not in json.loads((out / "metrics.json").read_text())
+    (tmp_path / "odd.jsonl").write_text(json.dumps({"text": "a new kind", "label": 7}) + "\n")
+    with pytest.raises(ConfigError, match=r"test: labels \['7'\] do not occur in the training data"):
+        finetune(dataclasses.replace(cfg, test=str(tmp_path / "odd.jsonl"), output_dir=str(tmp_path / "odd")))
+
+
 def test_regression_reports_what_its_model_predicts(tiny_student_dir, tmp_path):
     """task=regression on real data (Debian descriptions -> log10 installed size, gzipped JSONL): one
     output trained with MSE; the Pearson correlation and the loss it reports are those of its saved

@@ -40,26 +40,31 @@ def rows(task: str, split: str) -> list[dict]:
 
 def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tokenizer_dir, tmp_path, capsys):
     """Toy size (16 examples, one seed, one epoch) on the tiny teacher and the real MiniLM encoder, tracked
-    in a local SQLite store: one table with every task, the average and the share; the same in the JSON
-    and in one MLflow run per model."""
+    in a local SQLite store: one table with every task's test score, the average, the skill above chance and
+    the share with its interval; the same in the JSON and in one MLflow run per model. The splits: train the
+    first 16 training examples, dev the last 8 (every choice), test the first 8 validation examples."""
     from mlflow import MlflowClient
 
     output, store = tmp_path / "suite.json", f"sqlite:///{tmp_path}/mlflow.db"
-    argv = [str(bert_tokenizer_dir), str(tiny_teacher_dir), "train_size=16", "valid_size=8", "seeds=[0]"]
-    argv += ["epochs=1", "max_seq_len=32", f"output={output}", f"mlflow.tracking_uri={store}"]
+    argv = [str(bert_tokenizer_dir), str(tiny_teacher_dir), "train_size=16", "dev_size=8", "valid_size=8"]
+    argv += ["seeds=[0]", "epochs=1", "max_seq_len=32", f"output={output}", f"mlflow.tracking_uri={store}"]
     assert main(argv) == 0
     table = capsys.readouterr().out
-    header, _, first, second, baseline, *_ = table.splitlines()
-    assert all(task in header for task in MANIFEST) and "average" in header and "share" in header
-    assert first.startswith(str(bert_tokenizer_dir)) and first.rstrip().endswith("100.0%")
-    assert second.startswith(str(tiny_teacher_dir)) and baseline.startswith("bag-of-words baseline")
+    header, _, first, second, chance, baseline, *notes = table.splitlines()
+    assert all(task in header for task in MANIFEST) and "average" in header and "above chance" in header
+    assert first.startswith(str(bert_tokenizer_dir)) and first.rstrip().endswith("100.0% [100.0%, 100.0%]")
+    assert second.startswith(str(tiny_teacher_dir)) and chance.startswith("chance (a constant predictor)")
+    assert baseline.startswith("bag-of-words baseline")
 
     report = json.loads(output.read_text())
     assert list(report["tasks"]) == list(MANIFEST)
     assert [m["model"] for m in report["models"]] == [str(bert_tokenizer_dir), str(tiny_teacher_dir)]
     for task, entry in report["tasks"].items():
-        assert (entry["train_size"], entry["validation_size"]) == (16, 8)
+        assert (entry["train_size"], entry["dev_size"], entry["test_size"]) == (16, 8, 8)
         assert entry["bow_baseline"] == MANIFEST[task]["bow_baseline"][MANIFEST[task]["metric"]]
+        labels = [str(r["label"]) for r in rows(task, "validation")[:8]]
+        majority = max(labels.count(label) for label in labels) / 8
+        assert entry["chance"] == (0.0 if MANIFEST[task]["kind"] == "regression" else majority)
     for model in report["models"]:
         assert set(model["tasks"]) == set(MANIFEST)
         assert all(
@@ -67,10 +72,18 @@ def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tok
         )
         means = [t["mean"] for t in model["tasks"].values()]
         assert model["average"] == pytest.approx(sum(means) / len(means))
-    assert report["models"][0]["share"] == 1.0
-    assert report["models"][1]["share"] == pytest.approx(
-        report["models"][1]["average"] / report["models"][0]["average"]
-    )
+        above = [t["mean"] - report["tasks"][name]["chance"] for name, t in model["tasks"].items()]
+        assert model["skill"] == pytest.approx(sum(above) / len(above))
+        assert model["skill_ci"][0] <= model["skill_ci"][1]
+    teacher, student = report["models"]
+    assert teacher["share"] == 1.0 and teacher["share_ci"] == [1.0, 1.0]
+    if teacher["skill"] > 0:
+        assert student["share"] == pytest.approx(student["skill"] / teacher["skill"])
+    [difference] = report["differences"]
+    assert difference["difference"] == pytest.approx(teacher["skill"] - student["skill"])
+    low, high = difference["ci95"]
+    expected = "first better" if low > 0 else "second better" if high < 0 else "no measurable difference"
+    assert difference["verdict"] == expected and any(expected.split()[-1] in line for line in notes)
 
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("evaluate-suite").experiment_id])
@@ -79,15 +92,13 @@ def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tok
     for model in report["models"]:
         metrics = by_model[model["model"]].data.metrics
         assert metrics["average"] == pytest.approx(model["average"])
+        assert metrics["skill"] == pytest.approx(model["skill"])
         assert all(metrics[f"{task}/mean"] == pytest.approx(model["tasks"][task]["mean"]) for task in MANIFEST)
 
 
 def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path):
-    cfg = load_config(
-        SuiteConfig,
-        None,
-        [f"models=[{tiny_teacher_dir}]", "tasks=[wordnet-hypernym]", "train_size=16", "valid_size=16", "seeds=[0,1]"],
-    )
+    argv = [f"models=[{tiny_teacher_dir}]", "tasks=[wordnet-hypernym]", "train_size=16", "dev_size=8"]
+    cfg = load_config(SuiteConfig, None, [*argv, "valid_size=16", "seeds=[0,1]"])
     cfg = dataclasses.replace(cfg, epochs=1, max_seq_len=32, output=str(tmp_path / "s.json"))
     cfg.mlflow.enabled = False
     (model,) = evaluate_suite(cfg)["models"]
@@ -106,7 +117,8 @@ def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teach
     for jobs in (1, 2):
         output = tmp_path / f"jobs{jobs}.json"
         argv = [str(bert_tokenizer_dir), str(tiny_teacher_dir), "tasks=[debian-size,wordnet-hypernym]"]
-        argv += ["train_size=16", "valid_size=8", "seeds=[0,1]", "epochs=1", "max_seq_len=32", f"jobs={jobs}"]
+        argv += ["train_size=16", "dev_size=8", "valid_size=8", "seeds=[0,1]", "epochs=1", "max_seq_len=32"]
+        argv += [f"jobs={jobs}"]
         argv += [f"output={output}", "mlflow.enabled=false"]
         done = subprocess.run(
             [sys.executable, "-m", "trainer", "evaluate-suite", *argv],
@@ -134,7 +146,7 @@ def test_a_suite_run_again_with_its_work_dir_continues_where_it_stopped(tiny_tea
     copy = tmp_path / "copy"  # a second model whose files this test may change
     shutil.copytree(tiny_teacher_dir, copy)
     work = tmp_path / "work"
-    settings = ["tasks=[debian-size,wordnet-hypernym]", "train_size=16"]
+    settings = ["tasks=[debian-size,wordnet-hypernym]", "train_size=16", "dev_size=8"]
     settings += ["valid_size=8", "seeds=[0]", "epochs=1", "max_seq_len=32", "mlflow.enabled=false"]
     common = [str(tiny_teacher_dir), str(copy), *settings]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same threads in every run: the same rounding
@@ -177,14 +189,15 @@ def test_a_suite_run_again_with_its_work_dir_continues_where_it_stopped(tiny_tea
     assert reused("method=probe") == 0 and reused("method=probe") == 4  # a probe's runs are recorded too
 
 
-def test_lrs_score_each_task_at_its_best_rate(tiny_teacher_dir, tmp_path, capsys):
-    """``lrs=[1e-4,3e-3]``: every task fine-tuned at both rates; each task's score is the rate with the better
-    mean over the seeds, and equals, seed by seed, a suite run at that rate alone; the table says which."""
-    common = [str(tiny_teacher_dir), "tasks=[debian-section,debian-size]", "train_size=16", "valid_size=8"]
-    common += ["seeds=[0,1]", "epochs=1", "max_seq_len=32", "mlflow.enabled=false"]
+def test_lrs_pick_each_tasks_rate_on_dev_and_report_test(tiny_teacher_dir, tmp_path, capsys):
+    """``lrs=[1e-4,3e-3]``: every task fine-tuned at both rates; each task's rate is the one with the better mean
+    *dev* score over the seeds, and its test scores equal, seed by seed, a suite run at that rate alone (the
+    test split took no part in the pick); the table says which rate."""
+    common = [str(tiny_teacher_dir), "tasks=[debian-section,debian-size]", "train_size=16", "dev_size=8"]
+    common += ["valid_size=8", "seeds=[0,1]", "epochs=1", "max_seq_len=32", "mlflow.enabled=false"]
     assert main([*common, "lrs=[1e-4,3e-3]", f"output={tmp_path / 'grid.json'}"]) == 0
     table = capsys.readouterr().out
-    assert "each task at the best of the learning rates 0.0001, 0.003" in table
+    assert "each task at the learning rate of 0.0001, 0.003 whose mean dev score is best" in table
     (grid,) = json.loads((tmp_path / "grid.json").read_text())["models"]
     for rate in ("1e-4", "3e-3"):
         assert main([*common, f"lr={rate}", f"output={tmp_path / rate}.json"]) == 0
@@ -192,9 +205,13 @@ def test_lrs_score_each_task_at_its_best_rate(tiny_teacher_dir, tmp_path, capsys
         rate: json.loads((tmp_path / f"{rate}.json").read_text())["models"][0]["tasks"] for rate in ("1e-4", "3e-3")
     }
     for task, entry in grid["tasks"].items():
-        means = {"1e-4": alone["1e-4"][task]["mean"], "3e-3": alone["3e-3"][task]["mean"]}
-        assert entry["by_lr"] == {"0.0001": means["1e-4"], "0.003": means["3e-3"]}, task
-        best = max(means, key=means.get)  # the first on a tie, as the suite picks
+        dev = {"1e-4": alone["1e-4"][task]["dev_mean"], "3e-3": alone["3e-3"][task]["dev_mean"]}
+        test = {"1e-4": alone["1e-4"][task]["mean"], "3e-3": alone["3e-3"][task]["mean"]}
+        assert entry["by_lr"] == {
+            "0.0001": {"dev": dev["1e-4"], "test": test["1e-4"]},
+            "0.003": {"dev": dev["3e-3"], "test": test["3e-3"]},
+        }, task
+        best = max(dev, key=dev.get)  # the first on a tie, as the suite picks
         assert entry["lr"] == float(best) and entry["seeds"] == alone[best][task]["seeds"], task
         assert f"@{entry['lr']:g}" in table
     with pytest.raises(ConfigError, match=r"lrs: repeats a rate"):
@@ -226,7 +243,7 @@ def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, 
     table = capsys.readouterr().out
     assert "linear probe on the frozen mean-pooled features" in table
     [row] = [line for line in table.splitlines() if line.startswith(str(bert_tokenizer_dir))]
-    assert "±" not in row and row.rstrip().endswith("100.0%")  # one fit: no spread to show
+    assert "±" not in row and "100.0%" in row  # one fit: no spread to show
     report = json.loads(output.read_text())
     [entry] = report["models"]
     assert all("lr" not in task and "by_lr" not in task for task in entry["tasks"].values())  # nothing fine-tuned
@@ -306,6 +323,19 @@ def test_bad_keys_are_clear_errors(tmp_path):
         main([str(tmp_path), f"tasks_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=rf"models: {tmp_path} is not a Hugging Face model directory"):
         main([str(tmp_path), "mlflow.enabled=false"])
+    with pytest.raises(ConfigError, match="dev_size: a fine-tuned suite makes its choices on dev examples"):
+        main([str(tmp_path), "dev_size=0"])
+    with pytest.raises(ConfigError, match="bootstrap: must be 0"):
+        main([str(tmp_path), "bootstrap=10"])
+
+
+def test_train_and_dev_must_fit_in_a_tasks_training_file(tiny_teacher_dir, tmp_path):
+    """Dev is carved from the end of the training file, never overlapping train: asking for more is an error
+    naming the key, before any fine-tuning."""
+    size = MANIFEST["debian-size"]["train_size"]
+    argv = [str(tiny_teacher_dir), "tasks=[debian-size]", f"train_size={size}", "dev_size=8", "mlflow.enabled=false"]
+    with pytest.raises(ConfigError, match=rf"dev_size: debian-size has {size} training examples: {size} to train"):
+        main([*argv, f"output={tmp_path / 'x.json'}"])
 
 
 def test_unset_sizes_and_seeds_are_the_methods_defaults():
@@ -314,10 +344,10 @@ def test_unset_sizes_and_seeds_are_the_methods_defaults():
         load_config(SuiteConfig, None, ["models=[m]", *args]).resolved()
         for args in ([], ["method=probe"], ["method=probe", "train_size=64", "seeds=[3]"])
     ]
-    assert [(r.train_size, r.valid_size, r.seeds) for r in resolved] == [
-        (500, 300, [0, 1, 2]),
-        (0, 0, [0]),
-        (64, 0, [3]),
+    assert [(r.train_size, r.dev_size, r.valid_size, r.seeds) for r in resolved] == [
+        (500, 300, 300, [0, 1, 2]),
+        (0, 0, 0, [0]),
+        (64, 0, 0, [3]),
     ]
 
 

@@ -4,10 +4,18 @@ How much of the teacher a student keeps, in one table. Each MODEL (a local Huggi
 or ``models:/NAME@ALIAS``; the first is the reference, normally the teacher) is fine-tuned on each
 task of a fixed suite (``benchmarks/quality/tasks/``, built by ``benchmarks/quality/make_tasks.py``,
 described in docs/quality.md) with each seed, through :func:`trainer.commands.finetune.finetune`,
-the same code a downstream team runs. The table gives each task's score as mean ± spread over the
-seeds (the spread is max - min), the average of the task means, and each model's share of the
-first model's average; it also gives each task's bag-of-words baseline (stored with the tasks),
-so that a score can be read against what a linear model on word counts achieves.
+the same code a downstream team runs.
+
+The protocol keeps the reported numbers clean of every choice: each task has a *train* split (the first
+``train_size`` examples of its training file), a *dev* split (the last ``dev_size`` of that file, never
+trained on) on which every choice is made (the learning rate, with ``lrs``), and a *test* split (the first
+``valid_size`` examples of its validation file) that is only ever reported. The table gives each task's test
+score as mean ± spread over the seeds (the spread is max - min), the average of the task means, the *skill*
+(the mean over tasks of the score above chance: what a constant predictor scores on the same test examples)
+and each model's *share* of the first model's skill, with a 95 % paired bootstrap interval over the test
+examples and the seeds; then every pair of models' difference of skill with its interval, written "no
+measurable difference" when the interval holds zero (:mod:`trainer.commands.suite_statistics`). It also
+gives each task's chance level and bag-of-words baseline (stored with the tasks).
 
 ``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
 last hidden states, a cross-validated ridge model; :mod:`trainer.commands.probe`): deterministic, so
@@ -15,10 +23,11 @@ one fit per task on all the data by default (``METHOD_DEFAULTS``), at about a fo
 difference between two models is never the seed's. It measures only what a linear model reads from
 the frozen representation; fine-tuning (the default) is what a user will do with a student.
 
-The fine-tuned suite is sized for a CPU: ``train_size`` (default 500) and ``valid_size`` (300)
-examples of each task, ``max_seq_len`` 128. Results go to ``output`` (JSON, written atomically) and, when tracking
-is on, to MLflow: one run per model in experiment ``evaluate-suite`` with the task scores as
-metrics (``<task>/mean``, ``<task>/spread``, ``average``, ``share``) and the JSON as an artifact.
+The fine-tuned suite is sized for a CPU: ``train_size`` (default 500), ``dev_size`` (300) and
+``valid_size`` (300, the test) examples of each task, ``max_seq_len`` 128. Results go to ``output``
+(JSON, written atomically) and, when tracking is on, to MLflow: one run per model in experiment
+``evaluate-suite`` with the task scores as metrics (``<task>/mean``, ``<task>/spread``, ``average``,
+``skill``, ``share`` and its interval) and the JSON as an artifact.
 The fine-tuning runs themselves are not tracked (their scores are in the suite's run).
 
 ``jobs=N`` runs N fine-tunes at once, each in a worker process of its own (started fresh, not
@@ -32,11 +41,10 @@ thread count rounds differently: a score may move in its sixth digit). A model's
 the sum of its runs' times, not the time the suite took.
 
 ``lrs=[R1,R2,...]`` fine-tunes every model on every task at each rate, and scores each task at the
-rate whose mean over the seeds is best (``@rate`` in the table; the JSON keeps each rate's mean), as
-GLUE dev results are reported. One fixed rate favours one kind of model: measured, the pretrained
-MiniLM's pair task falls to chance at 5e-4, and a BERT trained here from scratch leaves chance only
-there (docs/log/quality.md). The pick is made on the validation split it reports, the same for every
-model, so a score is optimistic by the pick, more so with more rates.
+rate whose mean *dev* score over the seeds is best (``@rate`` in the table; the JSON keeps each rate's dev
+and test means). One fixed rate favours one kind of model: measured, the pretrained MiniLM's pair task falls
+to chance at 5e-4, and a BERT trained here from scratch leaves chance only there (docs/log/quality.md).
+The grid is the same for every model, fixed before the suite runs.
 
 A suite stopped part way (a time limit, a lost machine) continues where it stopped when run again with the
 same ``work_dir``: each run's result is kept there as soon as it is known (``<run>.result.json`` beside the
@@ -52,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import multiprocessing
@@ -68,6 +77,7 @@ from typing import Any, Literal
 from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
+from trainer.commands import suite_statistics as stats
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
 from trainer.commands.probe import probe
 from trainer.config import MlflowConfig
@@ -82,9 +92,10 @@ KIND_TO_TASK = {"classification": "classification", "pair": "classification", "r
 # 2-core CPU, several seeds; the probe's one deterministic fit on all the data, which it needs (a
 # ridge fit on 384 features from 500 examples is itself unstable; docs/log/quality.md).
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "finetune": {"train_size": 500, "valid_size": 300, "seeds": [0, 1, 2]},
-    "probe": {"train_size": 0, "valid_size": 0, "seeds": [0]},
+    "finetune": {"train_size": 500, "dev_size": 300, "valid_size": 300, "seeds": [0, 1, 2]},
+    "probe": {"train_size": 0, "dev_size": 0, "valid_size": 0, "seeds": [0]},  # its penalty: cross-validated on train
 }
+PROTOCOL = 2  # a run's record from before the dev/test protocol (1) is not reused
 
 
 @dataclasses.dataclass
@@ -98,8 +109,9 @@ class SuiteConfig:
     method: Literal["finetune", "probe"] = "finetune"  # probe: a linear model on the frozen features
     tasks: list[str] = field(default_factory=list)  # empty: every task in tasks_dir/tasks.json
     tasks_dir: str = str(TASKS_DIR)
-    train_size: int | None = None  # the first N training examples of each task (0: all; None: METHOD_DEFAULTS)
-    valid_size: int | None = None  # the first N validation examples of each task (0: all; None: METHOD_DEFAULTS)
+    train_size: int | None = None  # the first N training examples of each task (0: all but dev; None: METHOD_DEFAULTS)
+    dev_size: int | None = None  # the last N of each task's training file: every choice (the rate) is made on these
+    valid_size: int | None = None  # the test: the first N of each task's validation file, only ever reported (0: all)
     seeds: list[int] | None = None  # one fine-tuning run each (None: METHOD_DEFAULTS)
     epochs: int = 2
     batch_size: int = 32
@@ -109,6 +121,7 @@ class SuiteConfig:
     jobs: int = 1  # fine-tunes at once, each in its own worker process (for a GPU; see the module's docstring)
     output: str = "evaluate-suite.json"
     work_dir: str | None = None  # fine-tuned models, task subsets, each run's result (a suite run again continues)
+    bootstrap: int = 1000  # paired bootstrap resamples (examples and seeds) for the confidence intervals; 0: none
     mlflow: SuiteMlflowConfig = field(default_factory=SuiteMlflowConfig)
 
     def validate(self) -> None:
@@ -121,9 +134,15 @@ class SuiteConfig:
                 "seeds",
                 f"a probe is one deterministic fit: leave seeds unset, or give one, not {self.seeds}",
             )
-        for key in ("train_size", "valid_size"):
+        for key in ("train_size", "dev_size", "valid_size"):
             value = getattr(self, key)
             require(value is None or value >= 0, key, "must be >= 0 (0: the whole split)")
+        require(
+            self.method == "probe" or self.dev_size is None or self.dev_size >= 1,
+            "dev_size",
+            "a fine-tuned suite makes its choices on dev examples: give at least one",
+        )
+        require(self.bootstrap == 0 or self.bootstrap >= 100, "bootstrap", "must be 0 (none) or >= 100 resamples")
         for key in ("epochs", "batch_size", "max_seq_len", "jobs"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
@@ -172,18 +191,17 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
         ]
         keys = run_keys(cfg, runs, local, data) if cfg.work_dir else {}  # a temporary work_dir keeps nothing
         timed, reused = run_all(cfg, runs, tasks, data, keys)
+        labels = {name: [row[tasks[name]["label_column"]] for row in read_rows(data[name]["test"])] for name in tasks}
     results = []
     for index, model in enumerate(cfg.models):
         mine = [(run, result) for run, result in zip(runs, timed, strict=True) if run.index == index]
-        scores = {  # task -> rate -> the seeds' scores
-            name: {
-                lr: [result["score"] for run, result in mine if (run.task, run.lr) == (name, lr)] for lr in cfg.rates
-            }
+        by_rate = {  # task -> rate -> each seed's result, in the order of cfg.seeds
+            name: {lr: [result for run, result in mine if (run.task, run.lr) == (name, lr)] for lr in cfg.rates}
             for name in tasks
         }
         totals = {key: round(sum(result[key] for _, result in mine), 1) for key in ("wall_s", "cpu_s")}
-        results.append({"model": model, "scores": scores, **totals})
-    report = summarise(cfg, tasks, results)
+        results.append({"model": model, "runs": by_rate, **totals})
+    report = summarise(cfg, tasks, results, labels)
     report["runs"] = {"total": len(runs), "reused": reused}
     write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     for entry in report["models"]:
@@ -204,16 +222,35 @@ def load_tasks(cfg: SuiteConfig) -> dict[str, dict[str, Any]]:
 
 
 def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[str, Path]:
-    """The first ``train_size`` / ``valid_size`` rows of the task's splits (the files are shuffled
-    once, when built), as plain JSONL files for finetune."""
+    """The task's examples as plain JSONL files for finetune (the files were shuffled once, when built, so that
+    any prefix is class-balanced): ``train``, the first ``train_size`` rows of its training file; ``dev``, the
+    last ``dev_size`` rows of that file, never trained on, where every choice is made; ``test``, the first
+    ``valid_size`` rows of its validation file, only ever reported. A probe needs no dev split."""
     dest.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, size in (("train", cfg.train_size), ("validation", cfg.valid_size)):
+    rows = {}
+    for split in ("train", "validation"):
         with gzip.open(Path(cfg.tasks_dir) / task["name"] / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
+            rows[split] = [line for line in f if line.strip()]
+    train, dev_size = rows["train"], cfg.dev_size or 0
+    train_size = cfg.train_size or len(train) - dev_size
+    require(
+        train_size + dev_size <= len(train),
+        "dev_size",
+        f"{task['name']} has {len(train)} training examples: {train_size} to train and {dev_size} for dev do not fit",
+    )
+    subsets = {"train": train[:train_size], "test": rows["validation"][: cfg.valid_size or None]}
+    if dev_size:
+        subsets["dev"] = train[len(train) - dev_size :]
+    paths = {}
+    for split, lines in subsets.items():
         paths[split] = dest / f"{split}.jsonl"
-        paths[split].write_text("".join(lines[: size or None]), encoding="utf-8")
+        paths[split].write_text("".join(lines), encoding="utf-8")
     return paths
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def local_model(cfg: SuiteConfig, model: str, scratch: Path) -> str:
@@ -301,10 +338,9 @@ def run_keys(
     """What each run's result depends on, to recognise it in a ``work_dir`` run again: the model's files
     and the task's example files by their SHA-256 (each hashed once), and the run's settings."""
     models = [files_sha256(Path(model), sorted(p for p in Path(model).rglob("*") if p.is_file())) for model in local]
-    examples = {
-        name: files_sha256(paths["train"].parent, [paths["train"], paths["validation"]]) for name, paths in data.items()
-    }
+    examples = {name: files_sha256(paths["train"].parent, sorted(paths.values())) for name, paths in data.items()}
     settings = {key: getattr(cfg, key) for key in ("method", "epochs", "batch_size", "max_seq_len")}
+    settings["protocol"] = PROTOCOL
     return {
         run: {
             **settings,
@@ -368,29 +404,32 @@ def limit_threads(cpus: int) -> None:
         torch.set_num_threads(cpus)
 
 
-def timed_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], data: dict[str, Path]) -> dict[str, float]:
+def timed_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], data: dict[str, Path]) -> dict[str, Any]:
     """One fine-tuning run of ``run.local`` (or its linear probe, ``method=probe``): its primary score
-    (accuracy, or Pearson's r for regression), its wall and CPU seconds (this process's, all threads)
-    and the process that ran it."""
+    (accuracy, or Pearson's r for regression) on dev (None for a probe) and on test, each test example's
+    prediction, its wall and CPU seconds (this process's, all threads) and the process that ran it."""
     started, cpu_started = time.monotonic(), time.process_time()
     if cfg.method == "probe":
-        score = probe(run.local, task, data, cfg.max_seq_len, cfg.batch_size)
+        probed = probe(run.local, task, data, cfg.max_seq_len, cfg.batch_size)
+        scores = {"dev": None, "test": probed["score"], "predicted": probed["predictions"]["predicted"]}
     else:
-        score = finetune_one(cfg, run.local, task, data, run.out, run.seed, run.lr)
+        scores = finetune_one(cfg, run.local, task, data, run.out, run.seed, run.lr)
     seconds = {"wall_s": time.monotonic() - started, "cpu_s": time.process_time() - cpu_started}
-    return {"score": score, **seconds, "pid": os.getpid()}
+    return {**scores, **seconds, "pid": os.getpid()}
 
 
-def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, float]) -> dict[str, float]:
+def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    dev = "" if result["dev"] is None else f"dev {result['dev']:.4f}, "
     log.info(
-        "evaluate-suite: %s | %s | %s | seed %d | lr %g | %s %.4f | %.0f s (CPU %.0f s) | pid %d",
+        "evaluate-suite: %s | %s | %s | seed %d | lr %g | %s %stest %.4f | %.0f s (CPU %.0f s) | pid %d",
         run.model,
         run.task,
         cfg.method,
         run.seed,
         run.lr,
         task["metric"],
-        result["score"],
+        dev,
+        result["test"],
         result["wall_s"],
         result["cpu_s"],
         result["pid"],
@@ -400,12 +439,15 @@ def log_run(cfg: SuiteConfig, run: Run, task: dict[str, Any], result: dict[str, 
 
 def finetune_one(
     cfg: SuiteConfig, model: str, task: dict[str, Any], data: dict[str, Path], out: Path, seed: int, lr: float
-) -> float:
+) -> dict[str, Any]:
+    """Fine-tune on train, validated on dev (what the rate is picked by), the final model scored on test."""
     kind = KIND_TO_TASK[task["kind"]]
     overrides = {
         "model": model,
         "data": str(data["train"]),
-        "validation": str(data["validation"]),
+        "validation": str(data["dev"]),
+        "test": str(data["test"]),
+        "save_predictions": True,
         "output_dir": str(out),
         "text_column": task["text_column"],
         "text_pair_column": task.get("text_pair_column"),
@@ -419,58 +461,111 @@ def finetune_one(
         "seed": seed,
         "mlflow": {"enabled": False},  # the suite records the scores, in one run per model
     }
-    return float(finetune(from_dict(FinetuneConfig, overrides))[PRIMARY_METRIC[kind]])
+    metric = PRIMARY_METRIC[kind]
+    result = finetune(from_dict(FinetuneConfig, overrides))
+    predicted = json.loads((out / "predictions.json").read_text(encoding="utf-8"))["test"]["predicted"]
+    return {"dev": float(result[metric]), "test": float(result["test"][metric]), "predicted": predicted}
 
 
 # ------------------------------------------------------------------------------------------------ report
-def summarise(cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per model and task: mean, spread (max - min) and the per-seed scores, at the rate whose mean is
-    best when ``lrs`` names several (with every rate's mean); per model: the average of the task means
-    and its share of the first model's average."""
-    models = []
+def summarise(
+    cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], results: list[dict[str, Any]], labels: dict[str, list[Any]]
+) -> dict[str, Any]:
+    """Per model and task: the test score's mean, spread (max - min) and per-seed values, at the rate whose
+    mean *dev* score is best when ``lrs`` names several (with every rate's dev and test means); per model: the
+    average of the task means, its skill (the mean over tasks above chance, :mod:`suite_statistics`) and its
+    share of the first model's skill, with a 95 % paired bootstrap interval; and, for every pair of models,
+    the difference of their skills with its interval."""
+    chances = {name: stats.chance(labels[name], task["kind"] == "regression") for name, task in tasks.items()}
+    models, chosen = [], []
     for result in results:
-        per_task = {}
-        for name, by_lr in result["scores"].items():
-            lr, scores = max(by_lr.items(), key=lambda item: statistics.fmean(item[1]))  # the first on a tie
-            per_task[name] = {
-                "mean": statistics.fmean(scores),
-                "spread": max(scores) - min(scores),
-                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                "seeds": dict(zip(map(str, cfg.seeds), scores, strict=True)),
+        per_task, picked = {}, {}
+        for name, by_lr in result["runs"].items():
+            dev_means = {  # a probe has no dev score: its one "rate" is picked
+                lr: statistics.fmean(r["dev"] for r in runs) if runs[0]["dev"] is not None else 0.0
+                for lr, runs in by_lr.items()
             }
-            if cfg.method == "finetune":  # a probe fine-tunes nothing: no rate to name
+            lr = max(by_lr, key=lambda rate: dev_means[rate])  # on dev: the first best on a tie
+            test = [r["test"] for r in by_lr[lr]]
+            picked[name] = [r["predicted"] for r in by_lr[lr]]
+            per_task[name] = {
+                "mean": statistics.fmean(test),
+                "spread": max(test) - min(test),
+                "std": statistics.stdev(test) if len(test) > 1 else 0.0,
+                "seeds": dict(zip(map(str, cfg.seeds), test, strict=True)),
+                "above_chance": statistics.fmean(test) - chances[name],
+            }
+            if cfg.method == "finetune":  # a probe fine-tunes nothing: no rate to name, no dev split
                 per_task[name]["lr"] = lr
-                per_task[name]["by_lr"] = {f"{rate:g}": statistics.fmean(seeds) for rate, seeds in by_lr.items()}
+                per_task[name]["dev_mean"] = dev_means[lr]
+                per_task[name]["by_lr"] = {
+                    f"{rate:g}": {"dev": dev_means[rate], "test": statistics.fmean(r["test"] for r in runs)}
+                    for rate, runs in by_lr.items()
+                }
         average = statistics.fmean(entry["mean"] for entry in per_task.values())
+        skill = statistics.fmean(entry["above_chance"] for entry in per_task.values())
         timing = {key: result[key] for key in ("wall_s", "cpu_s")}  # cpu_s: this process's CPU time, all threads
-        models.append({"model": result["model"], "tasks": per_task, "average": average, **timing})
-    reference = models[0]["average"]
+        models.append({"model": result["model"], "tasks": per_task, "average": average, "skill": skill, **timing})
+        chosen.append(picked)
+    reference = models[0]["skill"]
     for entry in models:
-        entry["share"] = entry["average"] / reference if reference else float("nan")
+        entry["share"] = entry["skill"] / reference if reference > 0 else float("nan")
+    differences = []
+    if cfg.bootstrap:
+        predictions = [
+            stats.TaskPredictions(labels[name], [picked[name] for picked in chosen], task["kind"] == "regression")
+            for name, task in tasks.items()
+        ]
+        skills = stats.bootstrap_skills(predictions, list(chances.values()), cfg.bootstrap)
+        for index, entry in enumerate(models):
+            entry["skill_ci"] = stats.interval(skills[:, index])
+            if reference > 0:
+                entry["share_ci"] = stats.interval(skills[:, index] / skills[:, 0])
+        for first, second in itertools.combinations(range(len(models)), 2):
+            ci = stats.interval(skills[:, first] - skills[:, second])
+            differences.append(
+                {
+                    "first": models[first]["model"],
+                    "second": models[second]["model"],
+                    "difference": models[first]["skill"] - models[second]["skill"],
+                    "ci95": ci,
+                    "verdict": stats.verdict(ci, "first", "second"),
+                }
+            )
     return {
+        "protocol": {
+            "choices": "on dev (the last dev_size training examples)" if cfg.method == "finetune" else "none",
+            "reported": "test (the first valid_size validation examples)",
+            "share": "skill above chance over the first model's",
+            "intervals": f"paired bootstrap, {cfg.bootstrap} resamples of examples and seeds, 95 % percentile",
+        },
         "tasks": {
             name: {
                 "kind": task["kind"],
                 "metric": task["metric"],
                 "train_size": min(cfg.train_size or task["train_size"], task["train_size"]),
-                "validation_size": min(cfg.valid_size or task["validation_size"], task["validation_size"]),
+                "dev_size": cfg.dev_size or 0,
+                "test_size": len(labels[name]),
+                "chance": chances[name],
                 "bow_baseline": task["bow_baseline"][task["metric"]],
             }
             for name, task in tasks.items()
         },
         "models": models,
+        "differences": differences,
         "config": to_dict(cfg),
     }
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """One row per model (and one for the bag-of-words baseline), one column per task, then the average
-    and the share of the first model's average."""
+    """One row per model (and one for chance, one for the bag-of-words baseline), one column per task's test
+    score, then the average, the skill above chance and the share of the first model's skill with its
+    interval; then every pair's difference of skill with its interval."""
     names = list(report["tasks"])
-    header = ["model", *(f"{n} ({report['tasks'][n]['metric']})" for n in names), "average", "share"]
+    header = ["model", *(f"{n} ({report['tasks'][n]['metric']})" for n in names), "average", "above chance", "share"]
     rows = []
     probe = report["config"]["method"] == "probe"  # one fit: no spread to show
-    grid = len(report["config"].get("lrs") or []) > 1  # each task at its best rate: say which
+    grid = len(report["config"].get("lrs") or []) > 1  # each task at the rate picked on dev: say which
     for entry in report["models"]:
         cells = [
             f"{entry['tasks'][n]['mean']:.3f}"
@@ -478,16 +573,15 @@ def format_table(report: dict[str, Any]) -> str:
             + (f" @{entry['tasks'][n]['lr']:g}" if grid else "")
             for n in names
         ]
-        rows.append([entry["model"], *cells, f"{entry['average']:.3f}", f"{entry['share']:.1%}"])
+        share = f"{entry['share']:.1%}" + (
+            f" [{entry['share_ci'][0]:.1%}, {entry['share_ci'][1]:.1%}]" if "share_ci" in entry else ""
+        )
+        rows.append([entry["model"], *cells, f"{entry['average']:.3f}", f"{entry['skill']:+.3f}", share])
+    chances = [report["tasks"][n]["chance"] for n in names]
     baselines = [report["tasks"][n]["bow_baseline"] for n in names]
-    rows.append(
-        [
-            "bag-of-words baseline (all train)",
-            *(f"{b:.3f}" for b in baselines),
-            f"{statistics.fmean(baselines):.3f}",
-            "",
-        ]
-    )
+    for label, values in (("chance (a constant predictor)", chances), ("bag-of-words baseline (all train)", baselines)):
+        rows.append([label, *(f"{v:.3f}" for v in values), f"{statistics.fmean(values):.3f}"])
+    rows = [row + [""] * (len(header) - len(row)) for row in rows]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         " | ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
@@ -496,15 +590,22 @@ def format_table(report: dict[str, Any]) -> str:
     seeds = ", ".join(map(str, report["config"]["seeds"]))
     walls = ", ".join(f"{entry['wall_s']:.0f} s" for entry in report["models"])
     if probe:
-        notes = [
-            "(linear probe on the frozen mean-pooled features: one deterministic fit; share: of the first model's)"
-        ]
+        notes = ["(linear probe on the frozen mean-pooled features: one fit, its penalty cross-validated on train)"]
     else:
-        notes = [f"(mean ± spread (max - min) over seeds {seeds}; share: of the first model's average)"]
+        notes = [f"(test scores: mean ± spread (max - min) over seeds {seeds}; every choice made on dev)"]
         if grid:
             rates = ", ".join(f"{lr:g}" for lr in report["config"]["lrs"])
-            notes.append(f"(each task at the best of the learning rates {rates}, by mean over the seeds: @rate)")
+            notes.append(f"(each task at the learning rate of {rates} whose mean dev score is best: @rate)")
+    notes.append("(above chance: the mean over tasks of score - chance; share: of the first model's, [95 % interval])")
     notes.append(f"(wall time per model, {report['config']['method']} included: {walls})")
+    if report["differences"]:
+        notes.append("differences of skill above chance, first - second [paired bootstrap 95 % interval]:")
+        for diff in report["differences"]:
+            verdict = diff["verdict"].replace("first", diff["first"]).replace("second", diff["second"])
+            notes.append(
+                f"  {diff['first']} - {diff['second']}: {diff['difference']:+.3f} "
+                f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]: {verdict}"
+            )
     return "\n".join([*lines, *notes])
 
 
@@ -518,7 +619,9 @@ def track(cfg: SuiteConfig, entry: dict[str, Any], report: dict[str, Any]) -> No
         texts={"evaluate-suite.json": json.dumps(report, indent=2)},
     )
     tracker = open_tracker(cfg.mlflow, spec)
-    metrics = {key: entry[key] for key in ("average", "share", "wall_s", "cpu_s")}
+    metrics = {key: entry[key] for key in ("average", "skill", "share", "wall_s", "cpu_s")}
+    if "share_ci" in entry:
+        metrics.update(share_ci_low=entry["share_ci"][0], share_ci_high=entry["share_ci"][1])
     for name, scores in entry["tasks"].items():
         metrics.update({f"{name}/mean": scores["mean"], f"{name}/spread": scores["spread"]})
     tracker.log_metrics(metrics, 0)

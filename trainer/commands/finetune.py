@@ -64,6 +64,8 @@ class FinetuneConfig:
     data: str  # CSV, JSONL, or a `datasets` dataset directory (save_to_disk)
     output_dir: str
     validation: str | None = None  # a separate validation file or dataset directory
+    test: str | None = None  # a held-out file or dataset scored once, by the final model: no choice is made on it
+    save_predictions: bool = False  # predictions.json: each validation (and test) example's prediction and label
     valid_fraction: float = 0.2  # held out from `data` when there is no validation split
     text_column: str = "text"
     text_pair_column: str | None = None  # a second text per example: the pair is encoded as one sequence
@@ -121,6 +123,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     ranks = init_ranks()
     train, valid = load_splits(cfg)  # bad data fails here, before a model is downloaded
     names, label_ids = label_mapping(train, valid, cfg)
+    test = load_test(cfg, names)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".base.") as tmp:
@@ -187,11 +190,25 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
                     duration(eta),
                 )
         if ranks.leader:
-            result = evaluate(model, collate, valid_set, cfg.batch_size)
+            result = evaluate(model, collate, valid_set, cfg.batch_size, names if cfg.save_predictions else None)
             tracker.log_metrics({f"eval/{metric}": result[metric], "eval/loss": result["loss"]}, step)
             log.info("epoch %d | validation %s %.4f | loss %.4f", epoch, metric, result[metric], result["loss"])
         ranks.barrier()
 
+    if ranks.leader and test is not None:
+        test_set = encode(tokenizer, test, label_ids, cfg.max_seq_len, token_types)
+        result["test"] = evaluate(model, collate, test_set, cfg.batch_size, names if cfg.save_predictions else None)
+        log.info(
+            "test %s %.4f | loss %.4f (%d examples)",
+            metric,
+            result["test"][metric],
+            result["test"]["loss"],
+            len(test_set),
+        )
+    if ranks.leader and cfg.save_predictions:
+        # Per example, for the suite's paired bootstrap; JSON lists (class names, or regression values).
+        kept = {"validation": result.pop("predictions")} | ({"test": result["test"].pop("predictions")} if test else {})
+        write_text_atomically(output_dir / "predictions.json", json.dumps(kept) + "\n")
     if ranks.leader:
         model_out = save_model(model, tokenizer, output_dir / "model")
         result.update(steps=step, labels=names, model=str(model_out), source=source)
@@ -259,6 +276,19 @@ def load_splits(cfg: FinetuneConfig) -> tuple[Split, Split]:
     require(len(train.texts) > 0, "data", f"{cfg.data}: no training examples")
     require(len(valid.texts) > 0, "validation", f"{cfg.validation or cfg.data}: no validation examples")
     return train, valid
+
+
+def load_test(cfg: FinetuneConfig, names: list[str]) -> Split | None:
+    """The ``test=`` split, if any: a file's one split, or a saved dataset's test split; its labels must be ones
+    the model is trained on."""
+    if cfg.test is None:
+        return None
+    splits = read_dataset(Path(cfg.test), cfg)
+    test = splits.get("test") or validation_split(splits, cfg.test)
+    require(len(test.texts) > 0, "test", f"{cfg.test}: no test examples")
+    unknown = sorted({str(v) for v in test.labels} - set(names)) if names else []
+    require(not unknown, "test", f"labels {unknown} do not occur in the training data")
+    return test
 
 
 def validation_split(splits: dict[str, Split], path: str) -> Split:
@@ -425,9 +455,12 @@ def on_device(collate: Any, device: torch.device) -> Any:
 
 
 @torch.no_grad()
-def evaluate(model: Any, collate: Any, examples: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+def evaluate(
+    model: Any, collate: Any, examples: list[dict[str, Any]], batch_size: int, names: list[str] | None = None
+) -> dict[str, Any]:
     """Validation loss and score: accuracy (with the counts), or for a one-output regression head
-    Pearson and Spearman correlation of prediction and target (the loss is then the MSE)."""
+    Pearson and Spearman correlation of prediction and target (the loss is then the MSE). With ``names``
+    (the class names; ``[]`` for regression), also each example's prediction and label (``predictions``)."""
     model.eval()
     predictions, targets, loss_sum = [], [], 0.0
     for start in range(0, len(examples), batch_size):
@@ -444,6 +477,12 @@ def evaluate(model: Any, collate: Any, examples: list[dict[str, Any]], batch_siz
     else:
         correct = int((predicted == target).sum())
         result.update(accuracy=correct / len(examples), correct=correct)
+    if names is not None:
+        as_label = (lambda i: names[int(i)]) if names else float
+        result["predictions"] = {
+            "predicted": [as_label(v) for v in predicted.tolist()],
+            "label": [as_label(v) for v in target.tolist()],
+        }
     return result
 
 

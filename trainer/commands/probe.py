@@ -54,13 +54,17 @@ PENALTIES = tuple(10.0**k for k in range(-1, 7))  # the ridge penalty's grid, 0.
 FOLDS = 5
 
 
-def probe(model_dir: str, task: dict[str, Any], data: dict[str, Path], max_seq_len: int, batch_size: int) -> float:
+def probe(
+    model_dir: str, task: dict[str, Any], data: dict[str, Path], max_seq_len: int, batch_size: int
+) -> dict[str, Any]:
     """``task``'s metric (accuracy or Pearson's r) of a linear model on ``model_dir``'s frozen features:
-    fitted on ``data["train"]``, scored on ``data["validation"]`` (JSONL files of the task's columns)."""
+    fitted on ``data["train"]`` (its penalty chosen by cross-validation there), scored on ``data["test"]``
+    (JSONL files of the task's columns). Returns ``score`` and each test example's ``predictions``
+    (``predicted`` and ``label``: class labels, or regression values)."""
     # frozen, eval mode, a head not needed; on the GPU where there is one, and the ridge fits with it
     model = load_teacher(model_dir, torch.float32).base_model.to(local_device())
     tokenizer = load_tokenizer(model_dir)
-    splits = {split: read_jsonl(path) for split, path in data.items()}
+    splits = {split: read_jsonl(data[split]) for split in ("train", "test")}
 
     def features(rows: list[dict[str, Any]]) -> torch.Tensor:
         u = encode(model, tokenizer, [row[task["text_column"]] for row in rows], max_seq_len, batch_size)
@@ -69,24 +73,30 @@ def probe(model_dir: str, task: dict[str, Any], data: dict[str, Path], max_seq_l
         v = encode(model, tokenizer, [row[task["text_pair_column"]] for row in rows], max_seq_len, batch_size)
         return torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
 
-    x_train, x_valid = standardise(features(splits["train"]), features(splits["validation"]))
+    x_train, x_valid = standardise(features(splits["train"]), features(splits["test"]))
     labels_train = [row[task["label_column"]] for row in splits["train"]]
-    labels_valid = [row[task["label_column"]] for row in splits["validation"]]
+    labels_valid = [row[task["label_column"]] for row in splits["test"]]
     device = x_train.device
     if task["kind"] == "regression":
         y_train, y_valid = (
             torch.tensor(labels, dtype=torch.float64, device=device) for labels in (labels_train, labels_valid)
         )
-    else:  # class indices; a validation label never seen in training counts as wrong (index -1)
-        index = {label: i for i, label in enumerate(sorted(set(labels_train), key=str))}
+    else:  # class indices; a test label never seen in training counts as wrong (index -1)
+        classes = sorted(set(labels_train), key=str)
+        index = {label: i for i, label in enumerate(classes)}
         y_train, y_valid = (
             torch.tensor([index.get(label, -1) for label in labels], device=device)
             for labels in (labels_train, labels_valid)
         )
     penalty = cross_validated_penalty(x_train, y_train)
-    score = metric(Ridge(x_train, y_train).predict(x_valid, penalty), y_valid)
+    predicted = Ridge(x_train, y_train).predict(x_valid, penalty)
+    score = metric(predicted, y_valid)
     log.info("probe: %s | %s | penalty %g | %s %.4f", model_dir, task["name"], penalty, task["metric"], score)
-    return score
+    as_label = float if task["kind"] == "regression" else (lambda i: classes[int(i)])
+    return {
+        "score": score,
+        "predictions": {"predicted": [as_label(v) for v in predicted.tolist()], "label": labels_valid},
+    }
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,56 @@
+"""The suite's statistics: chance levels, the metric on resampled predictions, paired bootstrap intervals."""
+
+import numpy as np
+import pytest
+
+from trainer.commands import suite_statistics as stats
+
+
+def test_chance_is_what_a_constant_predictor_scores():
+    assert stats.chance(["a", "b", "b", "c"], regression=False) == 0.5
+    assert stats.chance([0, 1, 1, 1], regression=False) == 0.75
+    assert stats.chance([0.1, 2.0, 3.5], regression=True) == 0.0
+
+
+def test_scores_are_accuracy_or_pearson_row_by_row():
+    rng = np.random.default_rng(1)
+    labels = rng.normal(size=50)
+    predicted = np.stack([labels + rng.normal(size=50), -labels, np.full(50, 3.0)])
+    r = stats.scores(predicted, labels, regression=True)
+    assert r[0] == pytest.approx(np.corrcoef(predicted[0], labels)[0, 1])
+    assert r[1] == pytest.approx(-1.0) and r[2] == 0.0  # a constant prediction: no correlation, not NaN
+    classes = np.array([0, 1, 1, 2])
+    assert stats.scores(np.array([[0, 1, 2, 2], [1, 1, 1, 1]]), classes, regression=False).tolist() == [0.75, 0.5]
+
+
+def task(labels, predicted, regression=False):
+    return stats.TaskPredictions(list(labels), [[list(seed) for seed in model] for model in predicted], regression)
+
+
+def test_identical_models_differ_by_exactly_nothing_and_a_better_one_is_found_better():
+    rng = np.random.default_rng(0)
+    labels = [str(v) for v in rng.integers(0, 3, 300)]
+    good = [[label if rng.random() < 0.8 else "0" for label in labels] for _ in range(2)]  # two seeds
+    weak = [[label if rng.random() < 0.5 else "0" for label in labels] for _ in range(2)]
+    tasks = [task(labels, [good, good, weak])]
+    level = stats.chance(labels, regression=False)
+    skills = stats.bootstrap_skills(tasks, [level], 500)
+    assert skills.shape == (500, 3)
+    same = stats.interval(skills[:, 0] - skills[:, 1])
+    assert same == [0.0, 0.0] and stats.verdict(same, "a", "b") == "no measurable difference"
+    better = stats.interval(skills[:, 0] - skills[:, 2])
+    assert better[0] > 0 and stats.verdict(better, "a", "b") == "a better"
+    assert stats.verdict([-0.3, -0.1], "a", "b") == "b better"
+    # the resampling is seeded: the same predictions give the same intervals
+    assert np.array_equal(skills, stats.bootstrap_skills(tasks, [level], 500))
+
+
+def test_two_noisy_equal_models_get_an_interval_around_zero():
+    """Same accuracy, independent errors: the paired interval holds zero (no false claim)."""
+    rng = np.random.default_rng(2)
+    labels = rng.normal(size=300)
+    first = [list(labels + rng.normal(size=300)) for _ in range(3)]
+    second = [list(labels + rng.normal(size=300)) for _ in range(3)]
+    skills = stats.bootstrap_skills([task(labels, [first, second], regression=True)], [0.0], 1000)
+    low, high = stats.interval(skills[:, 0] - skills[:, 1])
+    assert low < 0 < high

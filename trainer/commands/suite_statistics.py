@@ -1,0 +1,92 @@
+"""The evaluation suite's statistics: chance levels, skill above chance, and paired bootstrap intervals.
+
+A raw share (a student's average over its teacher's) flatters a weak model: a constant predictor already
+"keeps" a third of a teacher whose accuracies sit near their tasks' majority classes. So each task's score is
+read against *chance*, what a constant predictor scores on the same test examples: the majority class's share
+for a classification (accuracy), 0 for a regression (Pearson's r). A model's *skill* is the mean over tasks of
+its score above chance; its *share* is its skill over the reference model's.
+
+A difference between two models is only claimed with its 95 % interval: a *paired bootstrap* resamples the
+test examples (the same examples for both models, so what they have in common cancels) and the seeds (the same
+seed indices for both) ``resamples`` times, and takes the 2.5th and 97.5th percentiles of the difference of
+their skills (``percentile`` method). An interval that holds zero is "no measurable difference".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SEED = 0  # the resampling is seeded: the same predictions give the same intervals
+
+
+def chance(labels: list[Any], regression: bool) -> float:
+    """What a constant predictor scores: the majority class's share, or a correlation of 0."""
+    if regression:
+        return 0.0
+    return Counter(map(str, labels)).most_common(1)[0][1] / len(labels)
+
+
+@dataclass
+class TaskPredictions:
+    """One task's test labels and every model's predictions on them: ``predicted[model]`` is
+    ``[seed][example]`` (class labels as text, or regression values)."""
+
+    labels: list[Any]
+    predicted: list[list[list[Any]]]
+    regression: bool
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(predicted [models, seeds, examples], labels [examples])`` as numbers (classes: their index)."""
+        if self.regression:
+            return np.asarray(self.predicted, dtype=np.float64), np.asarray(self.labels, dtype=np.float64)
+        classes = {name: i for i, name in enumerate(sorted({str(v) for v in self.labels}))}
+        index = np.vectorize(lambda v: classes.get(str(v), -1), otypes=[np.int64])
+        return index(np.asarray(self.predicted, dtype=object)), index(np.asarray(self.labels, dtype=object))
+
+
+def scores(predicted: np.ndarray, labels: np.ndarray, regression: bool) -> np.ndarray:
+    """The metric of each ``[..., examples]`` row of predictions against ``labels``: accuracy, or Pearson's r
+    (0 where a row or the labels are constant, as the fine-tuning's own correlation reports it)."""
+    if not regression:
+        return (predicted == labels).mean(axis=-1)
+    x = predicted - predicted.mean(axis=-1, keepdims=True)
+    y = labels - labels.mean()
+    norms = np.sqrt((x * x).sum(axis=-1) * (y * y).sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (x * y).sum(axis=-1) / norms
+    return np.where(norms > 0, r, 0.0)
+
+
+def bootstrap_skills(tasks: list[TaskPredictions], chances: list[float], resamples: int) -> np.ndarray:
+    """``[resamples, models]``: each model's skill (mean over tasks of its seed-mean score above chance) on
+    each paired resample of every task's test examples and of the seeds."""
+    rng = np.random.default_rng(SEED)
+    arrays = [task.arrays() for task in tasks]
+    models = arrays[0][0].shape[0]
+    skills = np.zeros((resamples, models))
+    for b in range(resamples):
+        for (predicted, labels), task, level in zip(arrays, tasks, chances, strict=True):
+            n, seeds = labels.shape[0], predicted.shape[1]
+            examples = rng.integers(0, n, n)
+            chosen = rng.integers(0, seeds, seeds)
+            resampled = predicted[:, chosen][:, :, examples]  # [models, seeds, examples]
+            skills[b] += scores(resampled, labels[examples], task.regression).mean(axis=1) - level
+    return skills / len(tasks)
+
+
+def interval(samples: np.ndarray) -> list[float]:
+    """The 95 % percentile interval of ``samples``."""
+    low, high = np.percentile(samples, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def verdict(ci: list[float], first: str, second: str) -> str:
+    if ci[0] > 0:
+        return f"{first} better"
+    if ci[1] < 0:
+        return f"{second} better"
+    return "no measurable difference"
