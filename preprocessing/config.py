@@ -37,7 +37,8 @@ DIRECT_DEFAULTS: dict[str, Any] = {
 @dataclass
 class PreprocessConfig:
     input: list[str]
-    """Paths or globs, local or any Beam filesystem URL (gs://, s3://, ...)."""
+    """Paths or globs, local or any Beam filesystem URL (gs://, s3://, ...), or directories of Hugging Face
+    datasets: saved by ``save_to_disk`` (a Dataset or a DatasetDict), or in the Hub's repository layout."""
     tokenizer: str
     """A local directory holding a Hugging Face fast tokenizer, or a hub id."""
     output: str
@@ -62,6 +63,10 @@ class PreprocessConfig:
     """Cleaned text a reader buffers before spilling it to the work directory: bounds its memory."""
     bucket_input_bytes: int = 16 * 1024 * 1024
     """Input bytes per hash bucket: bounds the memory one worker needs to sort a bucket."""
+    dataset_splits: list[str] = field(default_factory=lambda: ["train"])
+    """The splits read of each Hugging Face dataset directory in ``input`` (a DatasetDict's, or a Hub layout's:
+    train, validation, test, ...); a split that is not there is an error. A single saved Dataset is read whole,
+    plain files and globs ignore it. The pipeline still makes its own train/valid split, by hash."""
     beam: dict[str, Any] = field(default_factory=dict)
     """Beam pipeline options, passed through unchanged (runner, direct_num_workers, project, ...)."""
 
@@ -84,6 +89,8 @@ class PreprocessConfig:
         require(self.spill_bytes >= 1, "spill_bytes", "must be >= 1")
         require(self.bucket_input_bytes >= 1024, "bucket_input_bytes", "must be >= 1024")
         require(bool(self.text_field), "text_field", "must not be empty")
+        require(len(self.dataset_splits) > 0, "dataset_splits", "name at least one split")
+        require(all(self.dataset_splits), "dataset_splits", "split names must not be empty")
 
     def beam_options(self) -> dict[str, Any]:
         """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the
