@@ -357,7 +357,8 @@ def _read_arrow(
     if not head:
         counts["files.empty"] += 1
         return
-    source = stream if head == ARROW_FILE_MAGIC else _Prefixed(head, stream)
+    # pyarrow reads a Python stream through read() and closed, which not every decompressor has: wrap it.
+    source = _Prefixed(b"" if head == ARROW_FILE_MAGIC else head, stream)
     try:
         reader = pa.ipc.open_stream(pa.PythonFile(source, mode="r"))
     except (pa.ArrowException, OSError):
@@ -426,7 +427,7 @@ def _read_exactly(stream: IO[bytes], size: int) -> bytes:
 
 
 class _Prefixed:
-    """A read-only stream: ``head`` (bytes already read from ``rest``), then the rest of ``rest``."""
+    """A read-only stream: ``head`` (bytes already taken from ``rest``, or none), then the rest of ``rest``."""
 
     def __init__(self, head: bytes, rest: IO[bytes]):
         self.head, self.rest = head, rest
