@@ -29,17 +29,21 @@ def other(i: int) -> str:
     return f"Text {i} of a test split, which the configured dataset_splits leave out of the dataset."
 
 
+def texts_of(corpus: Path) -> list[str]:
+    with gzip.open(corpus, "rt", encoding="utf-8") as handle:
+        return [json.loads(line)["text"] for line in handle]
+
+
 @pytest.fixture(scope="module")
 def corpus_texts(sample_corpus: Path) -> list[str]:
-    with gzip.open(sample_corpus, "rt", encoding="utf-8") as handle:
-        texts = [json.loads(line)["text"] for line in handle]
+    texts = texts_of(sample_corpus)
     assert len(texts) == 32
     return texts
 
 
-@pytest.fixture(scope="module")
-def hf_inputs(tmp_path_factory: pytest.TempPathFactory, corpus_texts: list[str]) -> dict[str, Path]:
-    """The sample corpus's 32 texts spread over four dataset directories, with bad rows and splits not to read.
+def write_hf_inputs(root: Path, texts: list[str]) -> dict[str, Path]:
+    """The sample corpus's 32 texts spread over four dataset directories under ``root``, with bad rows and splits
+    not to read (``dataset_splits=[train, validation]`` reads the 32 texts):
 
     * ``saved``: ``Dataset.save_to_disk`` in 3 shards, one row's text None;
     * ``saved_dict``: ``DatasetDict.save_to_disk``, train (2 shards), validation and test;
@@ -49,8 +53,7 @@ def hf_inputs(tmp_path_factory: pytest.TempPathFactory, corpus_texts: list[str])
     """
     from datasets import Dataset, DatasetDict
 
-    root = tmp_path_factory.mktemp("hf-inputs")
-    t = corpus_texts
+    t = texts
 
     def table(texts: list, column: str = "text") -> Dataset:
         return Dataset.from_dict({column: texts, "id": list(range(len(texts)))})
@@ -78,6 +81,11 @@ def hf_inputs(tmp_path_factory: pytest.TempPathFactory, corpus_texts: list[str])
     (hub_jsonl / "README.md").write_text("# A dataset card\n")
     (hub_jsonl / "LICENSE").write_text("CC0\n")
     return paths
+
+
+@pytest.fixture(scope="module")
+def hf_inputs(tmp_path_factory: pytest.TempPathFactory, corpus_texts: list[str]) -> dict[str, Path]:
+    return write_hf_inputs(tmp_path_factory.mktemp("hf-inputs"), corpus_texts)
 
 
 @pytest.fixture(scope="module")
