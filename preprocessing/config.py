@@ -50,7 +50,7 @@ class PreprocessConfig:
     """Salts the document hash, which decides the train/valid split and the document order."""
     overwrite: bool = False
     text_field: str = "text"
-    """JSON key / Parquet column holding the text."""
+    """JSON key / Parquet or Arrow column holding the text."""
     min_doc_chars: int = 16
     """Cleaned documents shorter than this are dropped as too short."""
     max_doc_chars: int = 1_000_000

@@ -353,39 +353,38 @@ def _read_arrow(
 
     The IPC file format is the stream format between a leading magic and a trailing footer, so it
     is read the same way, past its magic; the footer, after the stream's end marker, is never read."""
-    head = _read_exactly(stream, len(ARROW_FILE_MAGIC))
-    if not head:
-        counts["files.empty"] += 1
-        return
-    # pyarrow reads a Python stream through read() and closed, which not every decompressor has: wrap it.
-    source = _Prefixed(b"" if head == ARROW_FILE_MAGIC else head, stream)
+    # Under a compressed file an OSError is the decompressor's (a truncated or damaged stream), not the data's.
+    damage = (pa.ArrowException,) if compression else (pa.ArrowException, OSError)
     try:
-        reader = pa.ipc.open_stream(pa.PythonFile(source, mode="r"))
-    except (pa.ArrowException, OSError):
-        counts["files.corrupt"] += 1
-        return
+        head = _read_exactly(stream, len(ARROW_FILE_MAGIC))
+        if not head:
+            counts["files.empty"] += 1
+            return
+        # pyarrow reads a Python stream through read() and closed, which not every decompressor has: wrap it.
+        source = _Prefixed(b"" if head == ARROW_FILE_MAGIC else head, stream)
+        try:
+            reader = pa.ipc.open_stream(pa.PythonFile(source, mode="r"))
+        except damage:
+            counts["files.corrupt"] += 1
+            return
+        yield from _batch_texts(_each_then(reader, after_each), opts, counts, damage)
     except _STREAM_ERRORS:
         if compression is None:
-            raise
-        counts["files.truncated"] += 1
-        return
-    try:
-        yield from _batch_texts(_each_then(reader, after_each), opts, counts, compression)
-    except _STREAM_ERRORS:
-        if compression is None:
-            raise
-        counts["files.truncated"] += 1
+            raise  # an I/O error on a plain file: let the runner fail or retry the work item
+        counts["files.truncated"] += 1  # what was read before the damage was kept
 
 
 def _batch_texts(
-    batches: Iterable[pa.RecordBatch], opts: ReadOptions, counts: Counter, compression: str | None = None
+    batches: Iterable[pa.RecordBatch],
+    opts: ReadOptions,
+    counts: Counter,
+    damage: tuple[type[Exception], ...] = (pa.ArrowException, OSError),
 ) -> Iterator[str]:
     """The Parquet and Arrow readers' row loop: each batch's ``text_field`` column, value by value.
 
     A batch without the column counts its rows as missing the text field; a binary column is
-    decoded as UTF-8 (``invalid_utf8``). Damage found part-way (a corrupt page or record batch)
-    keeps what was read before it and counts the file ``files.corrupt``; an error of the
-    decompressor under a compressed file propagates, for the caller to count as truncated."""
+    decoded as UTF-8 (``invalid_utf8``). A ``damage`` error part-way (a corrupt page or record
+    batch) keeps what was read before it and counts the file ``files.corrupt``."""
     try:
         for batch in batches:
             index = batch.schema.get_field_index(opts.text_field)
@@ -406,9 +405,7 @@ def _batch_texts(
                 text = checked_text(value, True, opts, counts)
                 if text is not None:
                     yield text
-    except (pa.ArrowException, OSError) as err:
-        if compression is not None and isinstance(err, _STREAM_ERRORS) and not isinstance(err, pa.ArrowException):
-            raise
+    except damage:
         counts["files.corrupt"] += 1
 
 

@@ -259,6 +259,8 @@ def test_empty_corrupt_and_truncated_arrow_files(tmp_path):
     (tmp_path / "cut.arrow").write_bytes(data[: len(data) // 2])
     docs, counts = read(tmp_path / "cut.arrow")
     assert counts["files.corrupt"] == 1 and 0 < len(docs) < len(many) and docs == many[: len(docs)]
+    (tmp_path / "not-gzip.arrow.gz").write_bytes(data[:1000])  # the decompressor fails on its first read
+    assert read(tmp_path / "not-gzip.arrow.gz")[1]["files.truncated"] == 1
     for suffix in (".gz", ".bz2", ".zst"):
         packed = COMPRESS[suffix](data)
         path = tmp_path / f"cut.arrow{suffix}"
