@@ -261,3 +261,22 @@ def test_a_sharded_split_name_that_is_not_a_word_is_refused_as_by_datasets(tmp_p
         get_data_patterns(str(tmp_path))
     with pytest.raises(ValueError, match="'my-split', which is not a valid split name"):
         hub_splits(["data/my-split-00000-of-00001.parquet"])
+
+
+@pytest.mark.full
+def test_dataset_directories_in_a_bucket(moto_server, hf_inputs, tiny_dataset_dir, bert_tokenizer_dir, tmp_path):
+    """The same directories uploaded to an S3-compatible server (moto's) and named by s3:// URLs: listed and read
+    through Beam's filesystem layer alone, they give the same shards."""
+    pytest.importorskip("boto3")
+    urls = [moto_server.upload(path, "hf-inputs", name) for name, path in hf_inputs.items()]
+    credentials = {"s3_access_key_id": "testing", "s3_secret_access_key": "testing", "s3_region_name": "us-east-1"}
+    dataset = build_dataset(
+        tmp_path / "dataset",
+        bert_tokenizer_dir,
+        urls,
+        **TINY_DATASET_SETTINGS,
+        dataset_splits=SPLITS,
+        beam={"direct_num_workers": 2, "s3_endpoint_url": moto_server.url, **credentials},
+    )
+    assert dataset_bytes(dataset) == dataset_bytes(tiny_dataset_dir)
+    assert manifest_of(dataset)["files"] == {"read": 13}
