@@ -37,7 +37,8 @@ DIRECT_DEFAULTS: dict[str, Any] = {
 @dataclass
 class PreprocessConfig:
     input: list[str]
-    """Paths or globs, local or any Beam filesystem URL (gs://, s3://, ...)."""
+    """Paths or globs, local or any Beam filesystem URL (gs://, s3://, ...), or directories of Hugging Face
+    datasets: saved by ``save_to_disk`` (a Dataset or a DatasetDict), or in the Hub's repository layout."""
     tokenizer: str
     """A local directory holding a Hugging Face fast tokenizer, or a hub id."""
     output: str
@@ -49,7 +50,7 @@ class PreprocessConfig:
     """Salts the document hash, which decides the train/valid split and the document order."""
     overwrite: bool = False
     text_field: str = "text"
-    """JSON key / Parquet column holding the text."""
+    """JSON key / Parquet or Arrow column holding the text."""
     min_doc_chars: int = 16
     """Cleaned documents shorter than this are dropped as too short."""
     max_doc_chars: int = 1_000_000
@@ -65,6 +66,10 @@ class PreprocessConfig:
     progress_seconds: float = 30.0
     """Between progress lines: each worker's per-file line, and the driver's per-stage line (a line per
     half minute suits cluster logs)."""
+    dataset_splits: list[str] = field(default_factory=lambda: ["train"])
+    """The splits read of each Hugging Face dataset directory in ``input`` (a DatasetDict's, or a Hub layout's:
+    train, validation, test, ...); a split that is not there is an error. A single saved Dataset is read whole,
+    plain files and globs ignore it. The pipeline still makes its own train/valid split, by hash."""
     beam: dict[str, Any] = field(default_factory=dict)
     """Beam pipeline options, passed through unchanged (runner, direct_num_workers, project, ...)."""
 
@@ -88,6 +93,8 @@ class PreprocessConfig:
         require(self.bucket_input_bytes >= 1024, "bucket_input_bytes", "must be >= 1024")
         require(bool(self.text_field), "text_field", "must not be empty")
         require(self.progress_seconds > 0, "progress_seconds", f"must be > 0, got {self.progress_seconds}")
+        require(len(self.dataset_splits) > 0, "dataset_splits", "name at least one split")
+        require(all(self.dataset_splits), "dataset_splits", "split names must not be empty")
 
     def beam_options(self) -> dict[str, Any]:
         """The ``beam`` section, completed with quiet worker logging and, when it runs locally, the

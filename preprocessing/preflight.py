@@ -1,8 +1,9 @@
 """Checks that run before any Beam work: every mistake here is a one-line error naming the key.
 
-It resolves the input globs (an input matching no file, or a file of unknown format, is an
-error), loads the tokenizer once, and proves the output is writable, not already a complete
-dataset (unless ``overwrite=true``), and holds nothing of the user's where a run clears it.
+It resolves the input globs and dataset directories (an input matching no file, a file of unknown
+format, or a dataset split that is not there, is an error), loads the tokenizer once, and proves
+the output is writable, not already a complete dataset (unless ``overwrite=true``), and holds
+nothing of the user's where a run clears it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import os
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common.config import ConfigError
 from common.tokenizer import describe_tokenizer
 from preprocessing.config import PreprocessConfig
+from preprocessing.hf_datasets import dataset_files, has_glob, list_directory
 from preprocessing.manifest import MANIFEST, SPLITS, TOKEN_COUNTS, WORK_DIR
 from preprocessing.packing import tokenizer_dtype
 from preprocessing.readers import detect_format
@@ -57,8 +60,12 @@ def absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
-def resolve_inputs(patterns: list[str]) -> tuple[list[str], int]:
+def resolve_inputs(patterns: list[str], splits: Sequence[str] = ("train",)) -> tuple[list[str], int]:
     """Matched files, de-duplicated, largest first, and their total size in bytes.
+
+    An entry naming a directory is a Hugging Face dataset (``save_to_disk``'s, or a repository in the
+    Hub's layout): its files of the ``splits`` wanted (``dataset_splits``) are listed
+    (:mod:`preprocessing.hf_datasets`). Any other entry is a path or glob of files.
 
     Largest first balances the reading: workers that take files in turn (the DirectRunner
     deals them round-robin) end within one small file of each other. The output does not
@@ -66,10 +73,14 @@ def resolve_inputs(patterns: list[str]) -> tuple[list[str], int]:
     sizes: dict[str, int] = {}
     for i, pattern in enumerate(patterns):
         try:
-            matches = FileSystems.match([absolute(pattern)])[0].metadata_list
+            listed = {} if has_glob(pattern) else list_directory(absolute(pattern))
+            matches = [] if listed else FileSystems.match([absolute(pattern)])[0].metadata_list
         except (BeamIOError, ValueError, OSError) as err:
             raise ConfigError(f"input[{i}]: cannot list {pattern!r}: {err}") from None
-        files = [m for m in matches if not m.path.endswith("/")]
+        if listed:
+            sizes.update(dataset_files(f"input[{i}] {pattern!r}", absolute(pattern), listed, splits))
+            continue
+        files = [m for m in matches if not m.path.endswith("/") and not os.path.isdir(m.path)]  # an empty directory
         if not files:
             raise ConfigError(f"input[{i}]: {pattern!r} matches no file")
         for meta in files:
@@ -129,7 +140,7 @@ def check_beam_options(options: dict[str, Any]) -> None:
 def preflight(cfg: PreprocessConfig) -> tuple[RunPlan, str]:
     """The plan and the tokenizer's serialised core, for ``plan.tokenizer_file``."""
     check_beam_options(cfg.beam_options())
-    files, input_bytes = resolve_inputs(cfg.input)
+    files, input_bytes = resolve_inputs(cfg.input, cfg.dataset_splits)
     described = describe_tokenizer(cfg.tokenizer)
     identity = described["identity"]
     ids = identity["special_token_ids"]

@@ -1,4 +1,4 @@
-"""Streaming document readers for .txt, .jsonl and .parquet, each optionally .gz/.bz2/.zst.
+"""Streaming document readers for .txt, .jsonl, .parquet and .arrow, each optionally .gz/.bz2/.zst.
 
 Every file is opened through Beam's ``FileSystems``, so local paths and gs://, s3://, hdfs://
 URLs read the same way. Files are read in bounded chunks: a multi-GB file or a 100 MB single
@@ -8,6 +8,10 @@ line never sits in memory whole. Once a record grows past the byte bound implied
 Readers yield raw document texts and record every other outcome in a ``Counter`` (keys are
 ``documents.read``, ``documents.dropped.<reason>``, ``documents.repaired.<reason>``,
 ``files.<outcome>`` and ``input_bytes``), which the pipeline turns into manifest counts.
+
+``.arrow`` is the Arrow IPC stream format that ``datasets``' ``save_to_disk`` writes (the IPC file
+format is read too): it is read record batch by record batch from the open handle, so it needs no
+random access and no local copy, whatever the filesystem or compression.
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from dataclasses import dataclass
 from typing import IO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-FORMATS = ("txt", "jsonl", "parquet")
+FORMATS = ("txt", "jsonl", "parquet", "arrow")
 COMPRESSIONS = {"gz": "gz", "bz2": "bz2", "zst": "zst", "zstd": "zst"}
+ACCEPTED = ".txt, .jsonl, .parquet or .arrow, optionally + .gz/.bz2/.zst"
 CHUNK_BYTES = 1 << 20
 SNIFF_BYTES = 8192
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -39,6 +45,9 @@ UTF8_BOM = b"\xef\xbb\xbf"
 _CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32), 127])
 _TEXT_BYTES = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
 _BINARY_FRACTION = 0.10
+# The first bytes of the Arrow IPC *file* format; what follows them is the IPC stream format.
+ARROW_FILE_MAGIC = b"ARROW1\x00\x00"
+PARQUET_BATCH_ROWS = 1024
 # Errors a damaged compressed stream raises part-way through.
 _STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
 
@@ -61,9 +70,7 @@ def detect_format(path: str) -> tuple[str, str | None]:
     compression = COMPRESSIONS.get(parts[-1]) if len(parts) > 2 else None
     fmt = parts[-2] if compression else parts[-1]
     if len(parts) < 2 or fmt not in FORMATS:
-        raise ValueError(
-            f"cannot tell the format of {path!r}: expected .txt, .jsonl or .parquet, optionally + .gz/.bz2/.zst"
-        )
+        raise ValueError(f"cannot tell the format of {path!r}: expected {ACCEPTED}")
     return fmt, compression
 
 
@@ -72,11 +79,13 @@ def read_documents(
 ) -> Iterator[str]:
     """Yield the raw text of every readable document in ``path``; count everything else.
 
-    ``on_chunk`` is told, after each chunk of a text file, how many bytes of the file on disk
-    (compressed, for a compressed file) have been read: the reader's progress through it.
+    ``on_chunk`` is told, after each chunk of a text file or record batch of an Arrow file, how
+    many bytes of the file on disk (compressed, for a compressed file) have been read: the
+    reader's progress through it.
     """
     fmt, compression = detect_format(path)
     counts["files.read"] += 1
+    progress = (lambda: on_chunk(raw.tell())) if on_chunk else (lambda: None)
     with (
         FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw,
         decompressed(raw, compression) as stream,
@@ -84,7 +93,10 @@ def read_documents(
         if fmt == "parquet":
             yield from _read_parquet(stream, compression, opts, counts)
             return
-        chunks = _chunks(stream, counts, lambda: on_chunk(raw.tell()) if on_chunk else None)
+        if fmt == "arrow":
+            yield from _read_arrow(stream, compression, opts, counts, progress)
+            return
+        chunks = _chunks(stream, counts, progress)
         try:
             # A UTF-8 byte-order mark (some Windows editors write one) is not text: the first JSON line failed to
             # parse with it, and the first text document kept it, a different hash for deduplication.
@@ -329,22 +341,102 @@ def _read_parquet(stream: IO[bytes], compression: str | None, opts: ReadOptions,
             counts["documents.read"] += parquet.metadata.num_rows
             counts["documents.dropped.missing_text_field"] += parquet.metadata.num_rows
             return
+        yield from _batch_texts(
+            parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[opts.text_field]), opts, counts
+        )
+
+
+def _read_arrow(
+    stream: IO[bytes], compression: str | None, opts: ReadOptions, counts: Counter, after_each: Callable[[], None]
+) -> Iterator[str]:
+    """An Arrow IPC stream (``datasets``' ``.arrow`` files), read one record batch at a time from the handle.
+
+    The IPC file format is the stream format between a leading magic and a trailing footer, so it
+    is read the same way, past its magic; the footer, after the stream's end marker, is never read."""
+    # Under a compressed file an OSError is the decompressor's (a truncated or damaged stream), not the data's.
+    damage = (pa.ArrowException,) if compression else (pa.ArrowException, OSError)
+    try:
+        head = _read_exactly(stream, len(ARROW_FILE_MAGIC))
+        if not head:
+            counts["files.empty"] += 1
+            return
+        # pyarrow reads a Python stream through read() and closed, which not every decompressor has: wrap it.
+        source = _Prefixed(b"" if head == ARROW_FILE_MAGIC else head, stream)
         try:
-            for batch in parquet.iter_batches(batch_size=1024, columns=[opts.text_field]):
-                column = batch.column(0)
-                textual = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-                binary = pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)
-                for value in column.to_pylist():
-                    counts["documents.read"] += 1
-                    if binary and value is not None:
-                        counts["input_bytes"] += len(value)
-                        value = decode_utf8(value, opts, counts)
-                        if value is None:
-                            continue
-                    elif textual and value is not None:
-                        counts["input_bytes"] += len(value)
-                    text = checked_text(value, True, opts, counts)
-                    if text is not None:
-                        yield text
-        except (pa.ArrowException, OSError):
+            reader = pa.ipc.open_stream(pa.PythonFile(source, mode="r"))
+        except damage:
             counts["files.corrupt"] += 1
+            return
+        yield from _batch_texts(_each_then(reader, after_each), opts, counts, damage)
+    except _STREAM_ERRORS:
+        if compression is None:
+            raise  # an I/O error on a plain file: let the runner fail or retry the work item
+        counts["files.truncated"] += 1  # what was read before the damage was kept
+
+
+def _batch_texts(
+    batches: Iterable[pa.RecordBatch],
+    opts: ReadOptions,
+    counts: Counter,
+    damage: tuple[type[Exception], ...] = (pa.ArrowException, OSError),
+) -> Iterator[str]:
+    """The Parquet and Arrow readers' row loop: each batch's ``text_field`` column, value by value.
+
+    A batch without the column counts its rows as missing the text field; a binary column is
+    decoded as UTF-8 (``invalid_utf8``). A ``damage`` error part-way (a corrupt page or record
+    batch) keeps what was read before it and counts the file ``files.corrupt``."""
+    try:
+        for batch in batches:
+            index = batch.schema.get_field_index(opts.text_field)
+            if index < 0:
+                counts["documents.read"] += batch.num_rows
+                counts["documents.dropped.missing_text_field"] += batch.num_rows
+                continue
+            column = batch.column(index)
+            binary = pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)
+            if binary or pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                counts["input_bytes"] += pc.sum(pc.binary_length(column)).as_py() or 0  # UTF-8 bytes, nulls aside
+            for value in column.to_pylist():
+                counts["documents.read"] += 1
+                if binary and value is not None:
+                    value = decode_utf8(value, opts, counts)
+                    if value is None:
+                        continue
+                text = checked_text(value, True, opts, counts)
+                if text is not None:
+                    yield text
+    except damage:
+        counts["files.corrupt"] += 1
+
+
+def _each_then(items: Iterable[pa.RecordBatch], after_each: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    for item in items:
+        yield item
+        after_each()
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes:
+    """``size`` bytes, fewer only at the end of the stream (a compressed stream's read may return less)."""
+    data = b""
+    while len(data) < size and (part := stream.read(size - len(data))):
+        data += part
+    return data
+
+
+class _Prefixed:
+    """A read-only stream: ``head`` (bytes already taken from ``rest``, or none), then the rest of ``rest``."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]):
+        self.head, self.rest = head, rest
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.rest.read(size)
+        if size < 0:
+            data, self.head = self.head + self.rest.read(), b""
+            return data
+        data, self.head = self.head[:size], self.head[size:]
+        if len(data) < size:
+            data += self.rest.read(size - len(data))
+        return data

@@ -42,6 +42,7 @@ def cli_error(capsys, args: dict[str, str]) -> str:
         ({"beam.no_such_option": "1"}, "beam.no_such_option: not a Beam pipeline option"),
         ({"input": "[/nonexistent/*.jsonl]"}, "input[0]: '/nonexistent/*.jsonl' matches no file"),
         ({"input": f"[{__file__}]"}, "cannot tell the format"),
+        ({"dataset_splits": "[]"}, "dataset_splits: name at least one split"),
         ({"tokenizer": "/nonexistent-tokenizer"}, "tokenizer: cannot load"),
     ],
 )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, TINY_DATASET_SETTINGS, build_dataset, free_port, preprocess
+from test_preprocess_hf_datasets import texts_of, write_hf_inputs
 
 pytestmark = pytest.mark.integration
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -116,3 +117,27 @@ def test_dask_runner_writes_the_direct_runners_bytes(tmp_path, dask_cluster, two
     assert direct_manifest["config"].pop("beam") == {}
     assert dask_manifest == direct_manifest
     assert direct_manifest["documents"]["kept"] > 0
+
+
+@pytest.mark.full
+def test_dask_runner_reads_hugging_face_datasets(
+    tmp_path, dask_cluster, sample_corpus, bert_tokenizer_dir, tiny_dataset_dir
+):
+    """Directories saved by datasets and in the Hub's layout: only their files' paths travel to the workers, which
+    read the .arrow, .parquet and .jsonl files; the shards are those of the same texts as one JSONL file."""
+    inputs = write_hf_inputs(tmp_path / "inputs", texts_of(sample_corpus))
+    dask = build_dataset(
+        tmp_path / "dask",
+        bert_tokenizer_dir,
+        list(inputs.values()),
+        **TINY_DATASET_SETTINGS,
+        dataset_splits=["train", "validation"],
+        beam={"runner": "DaskRunner", "address": dask_cluster},
+    )
+    dask_files, direct_files = dataset_files(dask), dataset_files(tiny_dataset_dir)
+    assert sorted(dask_files) == sorted(direct_files)
+    for name in direct_files:
+        if name != "manifest.json":
+            assert dask_files[name] == direct_files[name], name
+    manifest = json.loads(dask_files["manifest.json"])
+    assert manifest["files"] == {"read": 13} and manifest["documents"]["kept"] == 32

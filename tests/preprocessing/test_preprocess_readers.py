@@ -201,3 +201,85 @@ def test_a_long_file_reports_its_progress_on_disk_while_it_is_read(tmp_path, suf
     percents = [int(m) for m in re.findall(r"reading \S+long\.jsonl\S*: (\d+)% of its [\d.]+ MB on disk", caplog.text)]
     assert len(percents) >= 3 and percents == sorted(percents) and percents[-1] == 100
     assert re.search(r"\d+ documents so far \([\d.]+ MB/s of text\)", caplog.text)
+
+
+def arrow_stream(table: pa.Table, rows_per_batch: int = 2, file_format: bool = False) -> bytes:
+    """``table`` as Arrow IPC stream bytes (``datasets``' ``save_to_disk`` format), or the IPC file format."""
+    sink = pa.BufferOutputStream()
+    with (pa.ipc.new_file if file_format else pa.ipc.new_stream)(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=rows_per_batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_arrow_rows_get_the_parquet_readers_checks(tmp_path):
+    """Both go through one row loop: None, a missing column, non-strings, binary (UTF-8 or not), too long."""
+    rows = [DOCS[0], None, "x" * 500, DOCS[1]]
+    (tmp_path / "a.arrow").write_bytes(arrow_stream(pa.table({"text": rows, "id": [1, 2, 3, 4]})))
+    docs, counts = read(tmp_path / "a.arrow", max_doc_chars=100)
+    assert docs == [DOCS[0], DOCS[1]]
+    assert counts["documents.read"] == 4
+    assert counts["documents.dropped.null_text"] == counts["documents.dropped.too_long"] == 1
+    assert counts["input_bytes"] == len(DOCS[0]) + 500 + len(DOCS[1])
+
+    (tmp_path / "body.arrow").write_bytes(arrow_stream(pa.table({"body": ["x", "y", "z"]})))
+    assert read(tmp_path / "body.arrow")[1]["documents.dropped.missing_text_field"] == 3
+    (tmp_path / "numbers.arrow").write_bytes(arrow_stream(pa.table({"text": [1, 2]})))
+    assert read(tmp_path / "numbers.arrow")[1]["documents.dropped.non_string_text"] == 2
+
+    binary = pa.table({"text": pa.array([DOCS[2].encode(), b"caf\xe9 latin-1", "ünï".encode()], pa.binary())})
+    (tmp_path / "binary.arrow").write_bytes(arrow_stream(binary))
+    docs, counts = read(tmp_path / "binary.arrow")
+    assert docs == [DOCS[2], "ünï"] and counts["documents.dropped.invalid_utf8"] == 1
+    pq.write_table(binary, tmp_path / "binary.parquet")
+    assert read(tmp_path / "binary.parquet") == (docs, counts)
+
+
+@pytest.mark.parametrize("suffix", list(COMPRESS))
+def test_arrow_stream_and_file_formats_in_every_compression(tmp_path, suffix):
+    table = pa.table({"text": DOCS, "id": list(range(len(DOCS)))})
+    for name, data in (("stream", arrow_stream(table)), ("file", arrow_stream(table, file_format=True))):
+        path = tmp_path / f"{name}.arrow{suffix}"
+        path.write_bytes(COMPRESS[suffix](data))
+        docs, counts = read(path)
+        assert docs == DOCS, name
+        assert counts["documents.read"] == len(DOCS) and counts["files.read"] == 1, name
+
+
+def test_empty_corrupt_and_truncated_arrow_files(tmp_path):
+    (tmp_path / "empty.arrow").write_bytes(b"")
+    assert read(tmp_path / "empty.arrow")[1]["files.empty"] == 1
+    (tmp_path / "junk.arrow").write_bytes(random.Random(0).randbytes(4096))
+    docs, counts = read(tmp_path / "junk.arrow")
+    assert docs == [] and counts["files.corrupt"] == 1
+
+    many = [f"{DOCS[0]} (copy {i})" for i in range(8000)]
+    data = arrow_stream(pa.table({"text": many}), rows_per_batch=500)
+    (tmp_path / "cut.arrow").write_bytes(data[: len(data) // 2])
+    docs, counts = read(tmp_path / "cut.arrow")
+    assert counts["files.corrupt"] == 1 and 0 < len(docs) < len(many) and docs == many[: len(docs)]
+    (tmp_path / "not-gzip.arrow.gz").write_bytes(data[:1000])  # the decompressor fails on its first read
+    assert read(tmp_path / "not-gzip.arrow.gz")[1]["files.truncated"] == 1
+    for suffix in (".gz", ".bz2", ".zst"):
+        packed = COMPRESS[suffix](data)
+        path = tmp_path / f"cut.arrow{suffix}"
+        path.write_bytes(packed[: len(packed) // 2])
+        docs, counts = read(path)
+        assert counts["files.truncated"] == 1 and "files.corrupt" not in counts, suffix
+        assert 0 < len(docs) < len(many) and docs == many[: len(docs)], suffix
+
+
+def test_an_arrow_file_is_streamed_batch_by_batch_from_its_handle(tmp_path):
+    """The reader reports its position in the file after each record batch: it reads the file as it goes, one
+    batch at a time, rather than loading it whole before the first document."""
+    docs = [f"{DOCS[0]} (copy {i})" for i in range(20_000)]
+    path = tmp_path / "big.arrow"
+    path.write_bytes(arrow_stream(pa.table({"text": docs}), rows_per_batch=1000))
+    positions: list[int] = []
+    read_back = []
+    for text in read_documents(str(path), ReadOptions(), Counter(), positions.append):
+        read_back.append(text)
+        if len(read_back) == 1000:  # the first batch is out: at most a batch or two was read of the file
+            assert max(positions, default=0) < path.stat().st_size / 4
+    assert read_back == docs
+    assert len(positions) == 20 and positions == sorted(positions)
+    assert 0 <= path.stat().st_size - positions[-1] <= 8  # all but the stream's end-of-stream marker
