@@ -84,7 +84,7 @@ teacher, student = report["models"]
 print(
     f"{task} ({info['metric']}, {info['train_size']} training examples): student {student['tasks'][task]['mean']:.3f}"
     f" | teacher {teacher['tasks'][task]['mean']:.3f} | chance {info['chance']:.3f} | the student keeps"
-    f" {student['share']:.1%} of the teacher's skill above chance"
+    f" {'n/a' if student['share'] is None else format(student['share'], '.1%')} of the teacher's skill above chance"
 )
 PY
 )

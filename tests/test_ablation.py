@@ -116,9 +116,10 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert preprocess["name"] == "preprocess" and preprocess["seconds"] == "0"
     assert preprocess["command"].startswith("prebuilt (") and "-m preprocessing" in preprocess["command"]
     for name, row in rows.items():
-        assert row["encoder_params"] > 0 and row["suite_share"] > 0, name
+        # the share of the teacher's skill above chance: none when the toy teacher is not above chance
+        assert row["encoder_params"] > 0 and (row["suite_share"] is None or row["suite_share"] > 0), name
         assert set(row["suite"]) == {"debian-section"} and 0 <= row["suite_average"] <= 1, name
-        assert 0 <= row["probe_average"] <= 1 and row["probe_share"] > 0, name  # the seedless reading too
+        assert 0 <= row["probe_average"] <= 1 and (row["probe_share"] is None or row["probe_share"] > 0), name
         assert (row["tokens"] > 0) is (name not in UNTRAINED), name  # MiniLM's tokens: its head's fitting
         assert "launch/run.sh" in row["command"], name
         # Both teachers have a masked-LM head (MiniLM's fitted here): every row has masked-LM figures, and every
@@ -128,8 +129,8 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         for figure in ("top1_agreement", "hidden_cosine", "centred_cosine"):
             assert (row[figure] is not None) is student, (name, figure)
         assert not student or (-1 <= row["centred_cosine"] <= 1 and -1 <= row["hidden_cosine"] <= 1), name
-    assert rows["teacher"]["suite_share"] == rows["minilm"]["suite_share"] == 1.0
-    assert rows["teacher"]["probe_share"] == rows["minilm"]["probe_share"] == 1.0
+    # each family's reference: all of its own skill, or no share at all where the toy model is at chance
+    assert {rows[r][k] for r in ("teacher", "minilm") for k in ("suite_share", "probe_share")} <= {1.0, None}
     assert report["probe_config"] == {"train_size": 64, "valid_size": 32, "tasks": ["debian-section"]}
     assert report["suite_config"]["lrs"] == [1e-4, 5e-4]  # each task at the better of two rates, as on the GPU
     # Equal tokens: every trained student of both teachers saw the same number; (f) is (a)'s start, untrained.

@@ -217,7 +217,7 @@ def markdown(report: dict[str, Any]) -> str:
             cosines(row),
             *(f"{row['suite'][t]:.3f}" for t in tasks),
             f"{row['suite_average']:.3f}",
-            f"{row['suite_share']:.1%}",
+            fmt(row["suite_share"], ".1%"),
             *([fmt(row["probe_average"], ".3f"), fmt(row["probe_share"], ".1%")] if probed else []),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -509,7 +509,7 @@ def summarise(
         chosen.append(picked)
     reference = models[0]["skill"]
     for entry in models:
-        entry["share"] = entry["skill"] / reference if reference > 0 else float("nan")
+        entry["share"] = entry["skill"] / reference if reference > 0 else None  # no share of a model at chance
     differences = []
     if cfg.bootstrap:
         predictions = [
@@ -573,9 +573,9 @@ def format_table(report: dict[str, Any]) -> str:
             + (f" @{entry['tasks'][n]['lr']:g}" if grid else "")
             for n in names
         ]
-        share = f"{entry['share']:.1%}" + (
-            f" [{entry['share_ci'][0]:.1%}, {entry['share_ci'][1]:.1%}]" if "share_ci" in entry else ""
-        )
+        share = "n/a (the first model is not above chance)" if entry["share"] is None else f"{entry['share']:.1%}"
+        if "share_ci" in entry:
+            share += f" [{entry['share_ci'][0]:.1%}, {entry['share_ci'][1]:.1%}]"
         rows.append([entry["model"], *cells, f"{entry['average']:.3f}", f"{entry['skill']:+.3f}", share])
     chances = [report["tasks"][n]["chance"] for n in names]
     baselines = [report["tasks"][n]["bow_baseline"] for n in names]
@@ -619,7 +619,7 @@ def track(cfg: SuiteConfig, entry: dict[str, Any], report: dict[str, Any]) -> No
         texts={"evaluate-suite.json": json.dumps(report, indent=2)},
     )
     tracker = open_tracker(cfg.mlflow, spec)
-    metrics = {key: entry[key] for key in ("average", "skill", "share", "wall_s", "cpu_s")}
+    metrics = {key: entry[key] for key in ("average", "skill", "share", "wall_s", "cpu_s") if entry[key] is not None}
     if "share_ci" in entry:
         metrics.update(share_ci_low=entry["share_ci"][0], share_ci_high=entry["share_ci"][1])
     for name, scores in entry["tasks"].items():
