@@ -1,7 +1,7 @@
 """Progress a multi-GB job reports while it runs: per file on the workers, per stage on the driver.
 
 Beam's metrics reach the driver only when a runner says so (the local runner: at the end of the
-run), so the workers leave *markers* instead: empty files under ``OUTPUT/.work/progress/STAGE/``
+run), so the workers leave *markers* instead: one-byte files under ``OUTPUT/.work/progress/STAGE/``
 whose names carry the counts (``read/<file id>-<bytes on disk read>-<documents>``,
 ``tokenize/<bucket>-<documents>-<tokens>``, ``plan/<split>-<shards>``,
 ``write/<split>-<shard>-<sequences>``). The driver lists them every ``progress_seconds``
@@ -37,9 +37,11 @@ class Markers:
         self.root = FileSystems.join(output, WORK_DIR, "progress")
 
     def mark(self, stage: str, *fields: object) -> None:
-        """Leave ``STAGE/f1-f2-...``; a marker is a name, so writing it is one small create."""
+        """Leave ``STAGE/f1-f2-...``; a marker is a name, so writing it is one small create. It holds one byte:
+        an object store's multipart upload of nothing is refused (S3: MalformedXML)."""
         path = FileSystems.join(self.root, stage, "-".join(str(f) for f in fields))
-        FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED).close()
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.write(b"\n")
 
     def read(self, stage: str) -> list[list[str]]:
         """Every marker of a stage as its fields (nothing when the directory is not there yet, or gone)."""
