@@ -6,7 +6,8 @@ Reads ``docs/gpu-campaign/throughput.json`` (throughput and MFU against micro-ba
 ``docs/gpu-ablation/*/`` directory (each family's held-out masked-LM figures and fine-tuned suite, with the
 seeds' range), and prints, for each figure, the Markdown line that embeds it from docs/ and its caption (also
 drawn under the figure). A figure whose data no committed file holds is skipped and the script says why:
-loss curves need per-step ``metrics.jsonl`` files under docs/. The output is byte-for-byte the same on every
+loss curves need the per-step losses the GPU ablation's reports carry from its next run on.
+The output is byte-for-byte the same on every
 run (Agg, fixed sizes and dpi, matplotlib's own fonts, no timestamp); tests/test_benchmark_plots.py holds
 docs/img/ to what this script draws now.
 """
@@ -354,12 +355,42 @@ def ablation_figures(docs: Path, out: Path) -> tuple[list[Figure], list[str]]:
 # --- 3. loss curves -----------------------------------------------------------------------------------------
 
 
-def loss_curve_skip(docs: Path) -> list[str]:
-    """Loss curves need each run's per-step ``metrics.jsonl``; the ablation's logs keep only their last lines."""
-    found = sorted(docs.rglob("metrics.jsonl*"))
-    if not found:
-        return ["loss curves (training loss against step): no metrics.jsonl is committed under docs/"]
-    return [f"loss curves: {len(found)} metrics.jsonl files under docs/, which this script does not draw yet"]
+def loss_curve_figures(docs: Path, out: Path) -> tuple[list[Figure], list[str]]:
+    """Each family's training loss against step, the recipe and its ablations on one axes, from the ``curve``
+    of every row of the latest GPU ablation's ``ablation-FAMILY.json`` reports (benchmarks/quality/
+    ablation_report.py carries each run's logged ``train/loss``). The terms' weights differ between variants,
+    so the totals compare within a run's shape, not in level: what the figure shows is each run converging."""
+    reports = sorted(
+        path
+        for path in (docs / "gpu-ablation").glob("*/ablation-*.json")
+        if any(row.get("curve") for row in json.loads(path.read_text(encoding="utf-8"))["rows"])
+    )
+    if not reports:
+        return [], ["loss curves (training loss against step): no docs/gpu-ablation/*/ablation-*.json has them yet"]
+    run = reports[-1].parent
+    machine, date = machine_and_date(run)
+    figures = []
+    for path in sorted(run.glob("ablation-*.json")):
+        rows = [row for row in json.loads(path.read_text(encoding="utf-8"))["rows"] if row.get("curve")]
+        if not rows:
+            continue
+        family = path.stem.removeprefix("ablation-")
+        fig, ax = new_figure(7.5, 4.2, f"Training loss of the {family} ablation, {machine}, {date}")
+        for row in rows:
+            label = f"{row['name']}: {row['variant']}"
+            ax.plot(row["curve"]["step"], row["curve"]["train/loss"], label=label, linewidth=1.2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("train/loss (the run's weighted sum of its terms)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=7)
+        caption = (
+            f"Source: {relative(path)} (each run's train/loss at every logged step). Variants weigh different "
+            "terms, so compare shapes, not levels."
+        )
+        figure = Figure(f"ablation-curves-{family}.png", f"The {family} ablation's training loss", caption)
+        figures.append(save(fig, out, figure))
+    return figures, []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = [throughput_figure(DOCS / "gpu-campaign" / "throughput.json", args.out)]
     ablation, skipped = ablation_figures(DOCS, args.out)
     figures += ablation
-    skipped += loss_curve_skip(DOCS)
+    curves, no_curves = loss_curve_figures(DOCS, args.out)
+    figures += curves
+    skipped += no_curves
     for figure in figures:
         print(f"![{figure.alt}](img/{figure.name})\n  {figure.caption}\n")
     for reason in skipped:

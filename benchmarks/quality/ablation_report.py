@@ -63,6 +63,17 @@ def tokens_seen(run_dir: Path, seq_len: int) -> tuple[int, float]:
     return int(last["train/samples"]) * seq_len, float(last["train/elapsed_s"])
 
 
+def loss_curve(run_dir: Path) -> dict[str, list[float]] | None:
+    """A training run's ``train/loss`` at every logged step, carried in the report (the device returns 8 files at
+    most: the curves ride in the family's report, not in files of their own) for ``benchmarks/plots.py``."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    logged = [r for r in records if "train/loss" in r]
+    return {"step": [int(r["step"]) for r in logged], "train/loss": [round(float(r["train/loss"]), 5) for r in logged]}
+
+
 def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str], jobs: int) -> dict[str, Any]:
     with (out / "runs.tsv").open(encoding="utf-8") as f:
         steps = list(csv.DictReader(f, delimiter="\t"))
@@ -118,6 +129,7 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
                     "suite_share": entry["share"],
                     "probe_average": probed.get("average"),
                     "probe_share": probed.get("share"),
+                    "curve": loss_curve(out / step["name"]) if step else None,
                 }
             )
     return {
