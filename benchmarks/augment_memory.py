@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402
+from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
 
 VOCABULARY = (
     "the a socket server answers each client in its own thread logging module lets every library write to "
@@ -82,8 +82,10 @@ def table(result: dict) -> str:
         )
     rows += [
         "",
-        f"From `{result['result_file']}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs, "
-        f"{result['variants']} variants, {result['workers']} worker), made by `{result['command']}`.",
+        made_by(
+            result, f"{result['machine']['cpus']} CPUs", f"{result['variants']} variants", f"{result['workers']} worker"
+        )
+        + ".",
     ]
     return "\n".join(rows)
 

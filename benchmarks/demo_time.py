@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402
+from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
 
 CLOSING = re.compile(r"^=== done in \d+ min \d+ s \((?P<stages>.*)\) ===$", re.MULTILINE)
 STAGE = re.compile(r"(?P<name>[\w-]+) (?P<seconds>\d+) s")
@@ -93,8 +93,7 @@ def table(result: dict) -> str:
         "",
         f"The demo took {minutes(min(totals))} to {minutes(max(totals))} over {len(runs)} runs on "
         f"{result['machine']['cpus']} CPUs ({result['machine']['cpu']}), after setup.{setup_line} "
-        f"From `{result['result_file']}` (commit {result['commit'][:10]}, {result['date']}), made by "
-        f"`{result['command']}`.",
+        f"{made_by(result, result['date'])}.",
     ]
     return "\n".join(rows)
 

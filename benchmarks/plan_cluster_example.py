@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402  (REPO on the path first)
+from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402  (REPO on the path first)
 
 PRESET = ["configs/distilbert-base.yaml", "teacher=configs/teachers/bert-base-uncased", "data=no-dataset"]
 LAYOUTS = {  # name -> plan's cluster options
@@ -64,8 +64,7 @@ def table(result: dict) -> str:
         f"{assumed['intra_node_gbs']['value']:g} GB/s within a node, {assumed['inter_node_gbs']['value']:g} GB/s "
         f"across nodes (the last row: 25), {assumed['overlap']['value'][0]:.0%}-{assumed['overlap']['value'][1]:.0%} "
         f"of the overlappable communication hidden (the ranges), checkpoints written at "
-        f"{assumed['storage_gbs']['value']:g} GB/s. From `{result['result_file']}` (commit "
-        f"{result['commit'][:10]}), made by `{result['command']}`.",
+        f"{assumed['storage_gbs']['value']:g} GB/s. {made_by(result)}.",
     ]
     return "\n".join(rows)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.suite_time import add_result_options, measured_or_committed, provenance  # noqa: E402
+from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
 
 FAULT_TESTS = [
     "tests/trainer/test_chaos.py",
@@ -56,8 +56,8 @@ def table(result: dict) -> str:
         )
     rows += [
         "",
-        f"From `{result['result_file']}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs), made by "
-        f"`{result['command']}`; each row is a test in the suite's full tier: {', '.join(sorted(result['tests']))}.",
+        made_by(result, f"{result['machine']['cpus']} CPUs")
+        + f"; each row is a test in the suite's full tier: {', '.join(sorted(result['tests']))}.",
     ]
     return "\n".join(rows)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.demo_time import minutes  # noqa: E402
-from benchmarks.suite_time import render_between_markers  # noqa: E402
+from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
 
 THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
@@ -168,9 +168,10 @@ def suite_time_table() -> str:
     from benchmarks import suite_time
 
     result = load(SUITE_TIME)
-    return suite_time.table(result) + (
-        f"\nFrom `{SUITE_TIME}` (commit {result['commit'][:10]}, {result['machine']['cpus']} CPUs), made by "
-        f"`{result['command']}`. CI's own run of the whole suite on a clean clone took longer since (the record)."
+    cpus = f"{result['machine']['cpus']} CPUs"
+    return (
+        f"{suite_time.table(result)}\n{made_by(result, cpus, file=SUITE_TIME)}. CI's own run of the whole suite on "
+        "a clean clone took longer since (the record)."
     )
 
 

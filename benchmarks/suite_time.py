@@ -75,6 +75,12 @@ def provenance(command: str, tree: Path = REPO) -> dict:
     }
 
 
+def made_by(result: dict, *details: str, file: str | Path | None = None) -> str:
+    """The line under a generated table: the result file, its commit and ``details``, and the command that made it."""
+    where = ", ".join([f"commit {result['commit'][:10]}", *details])
+    return f"From `{file or result['result_file']}` ({where}), made by `{result['command']}`"
+
+
 def render_between_markers(doc: Path, name: str, text: str) -> None:
     """Replace what lies between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` in ``doc`` with ``text``: the
     docs' tables are generated from result files, never typed."""
