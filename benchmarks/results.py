@@ -26,7 +26,7 @@ ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
 HEADLINE = "distilbert-512-gb4096-mb64"  # the preset as shipped: 4096-sequence batches, 64 x 64 by accumulation
-FAMILIES = {"bert": "BERT teacher pretrained here (6 x 512)", "minilm": "all-MiniLM-L6-v2 + fitted MLM head"}
+FAMILIES = {"bert": "a BERT teacher pretrained here (6 x 512)", "minilm": "all-MiniLM-L6-v2 + a fitted MLM head"}
 TASK_LABELS = {"debian-section": "section (acc)", "debian-size": "size (r)", "wordnet-hypernym": "hypernym (acc)"}
 
 
@@ -148,9 +148,10 @@ def readme_table() -> str:
         share = {run_name(m["model"]): m["share"] for m in suite["models"]}
         accuracy = {run_name(m["model"]): m["mlm_accuracy"] for m in mlm["models"]}
         rows.append(
-            f"| how good: a 3-layer student, teacher {FAMILIES[family]}, 19.7M tokens | keeps "
+            f"| how good: a 3-layer student of {FAMILIES[family]}, 19.7M tokens | keeps "
             f"{share[f'{family}-a']:.1%} of the teacher's suite average, the untrained copy of its layers "
-            f"{share[f'{family}-f']:.1%} (two seeds, no confidence interval yet: not a measured difference); "
+            f"{share[f'{family}-f']:.1%} (raw scores, rates picked on the reported split, two seeds, no interval: "
+            "not a measured difference); "
             f"held-out masked-LM accuracy {accuracy[f'{family}-a']:.3f} (teacher "
             f"{mlm['teacher']['mlm_accuracy']:.3f}, copied layers {accuracy[f'{family}-f']:.3f}, L_mlm from scratch "
             f"{accuracy[f'{family}-e']:.3f}) | `{ABLATION}/` |"
