@@ -199,36 +199,20 @@ def interleave(rows: list[dict[str, Any]], rng: random.Random) -> list[dict[str,
 
 # ----------------------------------------------------------------------------------------- baseline
 def bow_baseline(train: list[dict[str, Any]], valid: list[dict[str, Any]], kind: str) -> dict[str, float]:
-    """TF-IDF bag-of-words + logistic (classification) or ridge (regression) regression, on validation."""
+    """The suite's bag-of-words baseline (:mod:`trainer.commands.bag_of_words`), scored on validation."""
     import numpy as np
-    from scipy.sparse import hstack
     from scipy.stats import pearsonr, spearmanr
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression, Ridge
 
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-    if kind == "pair":
-        vectorizer.fit([r["text"] for r in train] + [r["text_pair"] for r in train])
+    from trainer.commands import bag_of_words
 
-        def features(rows: list[dict[str, Any]]) -> Any:
-            a = vectorizer.transform([r["text"] for r in rows])
-            b = vectorizer.transform([r["text_pair"] for r in rows])
-            return hstack([a, b, a.multiply(b)]).tocsr()
-
-        x_train, x_valid = features(train), features(valid)
-    else:
-        x_train = vectorizer.fit_transform([r["text"] for r in train])
-        x_valid = vectorizer.transform([r["text"] for r in valid])
-    y_train = [r["label"] for r in train]
+    predicted = bag_of_words.predict(train, valid, {"kind": kind, "text_pair_column": "text_pair"})
     y_valid = [r["label"] for r in valid]
     if kind == "regression":
-        predicted = Ridge(alpha=1.0).fit(x_train, y_train).predict(x_valid)
         return {
             "pearson": round(float(pearsonr(predicted, y_valid)[0]), 4),
             "spearman": round(float(spearmanr(predicted, y_valid)[0]), 4),
         }
-    predicted = LogisticRegression(C=10.0, max_iter=2000).fit(x_train, y_train).predict(x_valid)
-    return {"accuracy": round(float(np.mean(predicted == np.array(y_valid))), 4)}
+    return {"accuracy": round(float(np.mean(np.array(predicted) == np.array(y_valid))), 4)}
 
 
 # ------------------------------------------------------------------------------------------- output

@@ -107,6 +107,28 @@ def test_seeds_give_a_spread_and_tasks_can_be_chosen(tiny_teacher_dir, tmp_path)
     assert scores["spread"] == pytest.approx(max(scores["seeds"].values()) - min(scores["seeds"].values()))
 
 
+def test_the_bag_of_words_baseline_is_one_more_row_on_the_same_splits(tiny_teacher_dir, tmp_path):
+    """``baseline=true``: TF-IDF + a linear model fitted on the same train split and scored on the same test
+    examples as every model (the figure make_tasks.py computes for those rows), compared with each model by
+    the paired bootstrap; its scores are the same at every seed (it has none)."""
+    argv = [f"models=[{tiny_teacher_dir}]", "tasks=[debian-section,debian-size]", "train_size=32", "dev_size=8"]
+    cfg = load_config(SuiteConfig, None, [*argv, "valid_size=32", "seeds=[0,1]", "baseline=true", "bootstrap=200"])
+    cfg = dataclasses.replace(cfg, epochs=1, max_seq_len=32, output=str(tmp_path / "s.json"))
+    cfg.mlflow.enabled = False
+    report = evaluate_suite(cfg)
+    _, bow = report["models"]
+    assert bow["model"] == "bag-of-words (same train split)"
+    for task in ("debian-section", "debian-size"):
+        expected = make_tasks().bow_baseline(
+            rows(task, "train")[:32], rows(task, "validation")[:32], MANIFEST[task]["kind"]
+        )
+        assert bow["tasks"][task]["mean"] == pytest.approx(expected[MANIFEST[task]["metric"]], abs=1e-4), task
+        assert bow["tasks"][task]["spread"] == 0 and bow["tasks"][task]["dev_mean"] is None
+    [difference] = report["differences"]
+    assert (difference["first"], difference["second"]) == (str(tiny_teacher_dir), bow["model"])
+    assert difference["ci95"][0] <= difference["difference"] <= difference["ci95"][1]
+
+
 @pytest.mark.full
 def test_jobs_run_fine_tunes_in_worker_processes_with_the_same_scores(tiny_teacher_dir, bert_tokenizer_dir, tmp_path):
     """``jobs=2`` through the real command: the runs go to two worker processes (the log names each run's

@@ -63,6 +63,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -77,6 +78,7 @@ from typing import Any, Literal
 from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
+from trainer.commands import bag_of_words
 from trainer.commands import suite_statistics as stats
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
 from trainer.commands.probe import probe
@@ -122,6 +124,7 @@ class SuiteConfig:
     output: str = "evaluate-suite.json"
     work_dir: str | None = None  # fine-tuned models, task subsets, each run's result (a suite run again continues)
     bootstrap: int = 1000  # paired bootstrap resamples (examples and seeds) for the confidence intervals; 0: none
+    baseline: bool = False  # also the bag-of-words baseline fitted on the same train split: one more row, compared
     mlflow: SuiteMlflowConfig = field(default_factory=SuiteMlflowConfig)
 
     def validate(self) -> None:
@@ -192,6 +195,7 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
         keys = run_keys(cfg, runs, local, data) if cfg.work_dir else {}  # a temporary work_dir keeps nothing
         timed, reused = run_all(cfg, runs, tasks, data, keys)
         labels = {name: [row[tasks[name]["label_column"]] for row in read_rows(data[name]["test"])] for name in tasks}
+        baseline = bag_of_words_rows(cfg, tasks, data) if cfg.baseline else None
     results = []
     for index, model in enumerate(cfg.models):
         mine = [(run, result) for run, result in zip(runs, timed, strict=True) if run.index == index]
@@ -201,6 +205,8 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
         }
         totals = {key: round(sum(result[key] for _, result in mine), 1) for key in ("wall_s", "cpu_s")}
         results.append({"model": model, "runs": by_rate, **totals})
+    if baseline is not None:
+        results.append(baseline)
     report = summarise(cfg, tasks, results, labels)
     report["runs"] = {"total": len(runs), "reused": reused}
     write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
@@ -246,6 +252,24 @@ def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[st
         paths[split] = dest / f"{split}.jsonl"
         paths[split].write_text("".join(lines), encoding="utf-8")
     return paths
+
+
+BAG_OF_WORDS = "bag-of-words (same train split)"
+
+
+def bag_of_words_rows(cfg: SuiteConfig, tasks: dict[str, dict[str, Any]], data: dict[str, dict[str, Path]]) -> dict:
+    """The bag-of-words baseline as one more model: fitted on each task's train split, its test predictions the
+    same for every seed (it has none) and rate, so the bootstrap pairs it with every model like any other."""
+    started, cpu_started = time.monotonic(), time.process_time()
+    runs = {}
+    for name, task in tasks.items():
+        train, test = read_rows(data[name]["train"]), read_rows(data[name]["test"])
+        predicted = bag_of_words.predict(train, test, task)
+        score = stats.score(predicted, [r[task["label_column"]] for r in test], task["kind"] == "regression")
+        result = {"dev": None, "test": score, "predicted": predicted}
+        runs[name] = {lr: [result] * len(cfg.seeds) for lr in cfg.rates}
+    seconds = {"wall_s": round(time.monotonic() - started, 1), "cpu_s": round(time.process_time() - cpu_started, 1)}
+    return {"model": BAG_OF_WORDS, "runs": runs, **seconds}
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -481,11 +505,12 @@ def summarise(
     for result in results:
         per_task, picked = {}, {}
         for name, by_lr in result["runs"].items():
-            dev_means = {  # a probe has no dev score: its one "rate" is picked
-                lr: statistics.fmean(r["dev"] for r in runs) if runs[0]["dev"] is not None else 0.0
+            dev_means = {  # a probe or the bag-of-words baseline has no dev score: its one result is taken
+                lr: statistics.fmean(r["dev"] for r in runs) if runs[0]["dev"] is not None else None
                 for lr, runs in by_lr.items()
             }
-            lr = max(by_lr, key=lambda rate: dev_means[rate])  # on dev: the first best on a tie
+            # the rate best on dev, the first on a tie
+            lr = max(by_lr, key=lambda rate: -math.inf if dev_means[rate] is None else dev_means[rate])
             test = [r["test"] for r in by_lr[lr]]
             picked[name] = [r["predicted"] for r in by_lr[lr]]
             per_task[name] = {
@@ -570,7 +595,7 @@ def format_table(report: dict[str, Any]) -> str:
         cells = [
             f"{entry['tasks'][n]['mean']:.3f}"
             + ("" if probe else f" ± {entry['tasks'][n]['spread']:.3f}")
-            + (f" @{entry['tasks'][n]['lr']:g}" if grid else "")
+            + (f" @{entry['tasks'][n]['lr']:g}" if grid and entry["tasks"][n].get("dev_mean") is not None else "")
             for n in names
         ]
         share = "n/a (the first model is not above chance)" if entry["share"] is None else f"{entry['share']:.1%}"

@@ -61,6 +61,12 @@ def scores(predicted: np.ndarray, labels: np.ndarray, regression: bool) -> np.nd
     return np.where(norms > 0, r, 0.0)
 
 
+def score(predicted: list[Any], labels: list[Any], regression: bool) -> float:
+    """One model's metric on one task's test examples, as the bootstrap computes it."""
+    arrays = TaskPredictions(labels, [[predicted]], regression).arrays()
+    return float(scores(*arrays, regression)[0, 0])
+
+
 def bootstrap_skills(tasks: list[TaskPredictions], chances: list[float], resamples: int) -> np.ndarray:
     """``[resamples, models]``: each model's skill (mean over tasks of its seed-mean score above chance) on
     each paired resample of every task's test examples and of the seeds."""
