@@ -84,6 +84,11 @@ def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tok
     low, high = difference["ci95"]
     expected = "first better" if low > 0 else "second better" if high < 0 else "no measurable difference"
     assert difference["verdict"] == expected and any(expected.split()[-1] in line for line in notes)
+    assert set(difference["by_task"]) == set(MANIFEST)
+    for name, task_difference in difference["by_task"].items():
+        assert task_difference["difference"] == pytest.approx(
+            teacher["tasks"][name]["mean"] - student["tasks"][name]["mean"]
+        )
 
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("evaluate-suite").experiment_id])

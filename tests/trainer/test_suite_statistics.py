@@ -34,15 +34,16 @@ def test_identical_models_differ_by_exactly_nothing_and_a_better_one_is_found_be
     weak = [[label if rng.random() < 0.5 else "0" for label in labels] for _ in range(2)]
     tasks = [task(labels, [good, good, weak])]
     level = stats.chance(labels, regression=False)
-    skills = stats.bootstrap_skills(tasks, [level], 500)
-    assert skills.shape == (500, 3)
+    above = stats.bootstrap_skills(tasks, [level], 500)
+    assert above.shape == (500, 3, 1)
+    skills = above.mean(axis=2)
     same = stats.interval(skills[:, 0] - skills[:, 1])
     assert same == [0.0, 0.0] and stats.verdict(same, "a", "b") == "no measurable difference"
     better = stats.interval(skills[:, 0] - skills[:, 2])
     assert better[0] > 0 and stats.verdict(better, "a", "b") == "a better"
     assert stats.verdict([-0.3, -0.1], "a", "b") == "b better"
     # the resampling is seeded: the same predictions give the same intervals
-    assert np.array_equal(skills, stats.bootstrap_skills(tasks, [level], 500))
+    assert np.array_equal(above, stats.bootstrap_skills(tasks, [level], 500))
 
 
 def test_two_noisy_equal_models_get_an_interval_around_zero():
@@ -51,6 +52,6 @@ def test_two_noisy_equal_models_get_an_interval_around_zero():
     labels = rng.normal(size=300)
     first = [list(labels + rng.normal(size=300)) for _ in range(3)]
     second = [list(labels + rng.normal(size=300)) for _ in range(3)]
-    skills = stats.bootstrap_skills([task(labels, [first, second], regression=True)], [0.0], 1000)
-    low, high = stats.interval(skills[:, 0] - skills[:, 1])
+    above = stats.bootstrap_skills([task(labels, [first, second], regression=True)], [0.0], 1000)
+    low, high = stats.interval(above[:, 0, 0] - above[:, 1, 0])
     assert low < 0 < high

@@ -320,12 +320,12 @@ def run_all(
     results = {run: kept for run in runs if run in keys and (kept := recorded(run, keys[run])) is not None}
     for run, result in results.items():
         log.info(
-            "evaluate-suite: %s | %s | seed %d | lr %g | score %.4f reused: %s",
+            "evaluate-suite: %s | %s | seed %d | lr %g | test %.4f reused: %s",
             run.model,
             run.task,
             run.seed,
             run.lr,
-            result["score"],
+            result["test"],
             result_path(run),
         )
     todo = [run for run in runs if run not in results]
@@ -541,13 +541,22 @@ def summarise(
             stats.TaskPredictions(labels[name], [picked[name] for picked in chosen], task["kind"] == "regression")
             for name, task in tasks.items()
         ]
-        skills = stats.bootstrap_skills(predictions, list(chances.values()), cfg.bootstrap)
+        above = stats.bootstrap_skills(predictions, list(chances.values()), cfg.bootstrap)  # [b, model, task]
+        skills = above.mean(axis=2)
         for index, entry in enumerate(models):
             entry["skill_ci"] = stats.interval(skills[:, index])
             if reference > 0:
                 entry["share_ci"] = stats.interval(skills[:, index] / skills[:, 0])
         for first, second in itertools.combinations(range(len(models)), 2):
             ci = stats.interval(skills[:, first] - skills[:, second])
+            by_task = {}
+            for t, name in enumerate(tasks):
+                task_ci = stats.interval(above[:, first, t] - above[:, second, t])
+                by_task[name] = {
+                    "difference": models[first]["tasks"][name]["mean"] - models[second]["tasks"][name]["mean"],
+                    "ci95": task_ci,
+                    "verdict": stats.verdict(task_ci, "first", "second"),
+                }
             differences.append(
                 {
                     "first": models[first]["model"],
@@ -555,6 +564,7 @@ def summarise(
                     "difference": models[first]["skill"] - models[second]["skill"],
                     "ci95": ci,
                     "verdict": stats.verdict(ci, "first", "second"),
+                    "by_task": by_task,
                 }
             )
     return {

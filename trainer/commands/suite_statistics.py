@@ -68,20 +68,20 @@ def score(predicted: list[Any], labels: list[Any], regression: bool) -> float:
 
 
 def bootstrap_skills(tasks: list[TaskPredictions], chances: list[float], resamples: int) -> np.ndarray:
-    """``[resamples, models]``: each model's skill (mean over tasks of its seed-mean score above chance) on
-    each paired resample of every task's test examples and of the seeds."""
+    """``[resamples, models, tasks]``: each model's seed-mean score above chance on each task, on each paired
+    resample of every task's test examples and of the seeds (the mean over the last axis is the skill)."""
     rng = np.random.default_rng(SEED)
     arrays = [task.arrays() for task in tasks]
     models = arrays[0][0].shape[0]
-    skills = np.zeros((resamples, models))
+    above = np.zeros((resamples, models, len(tasks)))
     for b in range(resamples):
-        for (predicted, labels), task, level in zip(arrays, tasks, chances, strict=True):
+        for t, ((predicted, labels), task, level) in enumerate(zip(arrays, tasks, chances, strict=True)):
             n, seeds = labels.shape[0], predicted.shape[1]
             examples = rng.integers(0, n, n)
             chosen = rng.integers(0, seeds, seeds)
             resampled = predicted[:, chosen][:, :, examples]  # [models, seeds, examples]
-            skills[b] += scores(resampled, labels[examples], task.regression).mean(axis=1) - level
-    return skills / len(tasks)
+            above[b, :, t] = scores(resampled, labels[examples], task.regression).mean(axis=1) - level
+    return above
 
 
 def interval(samples: np.ndarray) -> list[float]:
