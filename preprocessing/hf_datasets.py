@@ -195,13 +195,12 @@ def _readable(where: str, path: str) -> bool:
     """Whether a split's file is read (True) or skipped as no data (False); raises for data the readers cannot read."""
     try:
         detect_format(path)
-        return True
     except ValueError:
-        pass
-    suffixes = path.rsplit("/", 1)[-1].lower().split(".")[1:]
-    if (suffixes[-1] if suffixes else "") in NOT_DATA_EXTENSIONS:
-        return False
-    raise ConfigError(
-        f"{where}: cannot read {path!r}: its format is not one of {ACCEPTED} "
-        "(convert it, or leave it out by naming the files to read with a glob)"
-    )
+        suffixes = path.rsplit("/", 1)[-1].lower().split(".")[1:]
+        if (suffixes[-1] if suffixes else "") in NOT_DATA_EXTENSIONS:
+            return False
+        raise ConfigError(
+            f"{where}: cannot read {path!r}: its format is not one of {ACCEPTED} "
+            "(convert it, or leave it out by naming the files to read with a glob)"
+        ) from None
+    return True
