@@ -104,6 +104,7 @@ def main(argv: list[str]) -> None:
     counted["checkpoint_bytes"] = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
     if world.is_main:
         out.write_text(json.dumps(counted), encoding="utf-8")
+    world.close()
 
 
 if __name__ == "__main__":

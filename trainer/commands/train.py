@@ -230,6 +230,7 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     tracker.finish({})
     if watch is not None:
         watch.stop()  # the collectives are over; rank 0 alone registers below
+    world.close()
     if world.is_main:  # if mlflow.register_as
         register_or_explain(student_dir, cfg.mlflow, tracker, tags={"kind": "final", **facts.tags(step)})
     return student_dir
