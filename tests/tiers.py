@@ -10,21 +10,14 @@ resume, ...): they say so with ``@pytest.mark.fast_budget(SECONDS)``, and the gu
 What the guard counts against a test: its call and the fixtures of its own (function scope). A shared
 fixture (module or session scope: the tiny dataset's Beam pipeline, the MLflow server) is paid once by
 whichever test needs it first, so it is not that test's cost; the summary lists the costliest of them.
-Those seconds are the machine's own, not a busy neighbour's: where other processes (not the test's
-own, nor its children's) kept the CPUs busy during the test, the guard takes their share of the
-machine off its wall time (:class:`CpuShare`), so that `make test` beside a build passes as it does on
-an idle machine, and an idle CI machine counts plain wall time.
 The fast tier's whole time is printed at the end beside its target (docs/benchmarks.md, "The test
 suite's time").
 """
 
 from __future__ import annotations
 
-import os
-import resource
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +25,6 @@ import pytest
 FAST_TIER_TARGET_S = 8 * 60
 
 OWN_FIXTURES_S = pytest.StashKey[float]()
-OTHERS_AT_SETUP = pytest.StashKey["CpuShare"]()
 FUNCTION_SCOPE = "function"
 
 
@@ -49,39 +41,6 @@ class Session:
 
 
 SESSION = pytest.StashKey[Session]()
-
-
-@dataclass(frozen=True)
-class CpuShare:
-    """CPU seconds so far: every core's busy time (``/proc/stat``) and this process tree's own (itself and
-    the children it has waited for). Between two readings, the busy time that was not ours is what other
-    processes took from the test; without ``/proc/stat`` (not Linux) nobody else is seen."""
-
-    cores: int
-    busy_s: float
-    ours_s: float
-    at: float
-
-    @staticmethod
-    def now() -> CpuShare:
-        ours = sum(
-            usage.ru_utime + usage.ru_stime
-            for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
-        )
-        try:
-            lines = Path("/proc/stat").read_text().splitlines()
-        except OSError:
-            return CpuShare(cores=1, busy_s=ours, ours_s=ours, at=time.monotonic())
-        ticks = [int(v) for v in lines[0].split()[1:]]  # user nice system idle iowait irq softirq steal ...
-        busy = sum(ticks) - ticks[3] - ticks[4]
-        cores = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-        return CpuShare(cores=cores, busy_s=busy / os.sysconf("SC_CLK_TCK"), ours_s=ours, at=time.monotonic())
-
-    def others_share(self, since: CpuShare) -> float:
-        """The share of the machine's CPU time that other processes used since ``since`` (0 to 1)."""
-        capacity = self.cores * (self.at - since.at)
-        others = (self.busy_s - since.busy_s) - (self.ours_s - since.ours_s)
-        return min(1.0, max(0.0, others / capacity)) if capacity > 0 else 0.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,12 +71,6 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
         session.shared[f"{fixturedef.argname} ({fixturedef.scope})"] = seconds
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
-    item.stash[OTHERS_AT_SETUP] = CpuShare.now()
-    yield
-
-
 def allowed_seconds(item: pytest.Item, limit: float) -> float:
     budget = item.get_closest_marker("fast_budget")
     return float(budget.args[0]) if budget else limit
@@ -130,9 +83,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if report.when != "call":
         return
     session = item.config.stash[SESSION]
-    wall = report.duration + item.stash.get(OWN_FIXTURES_S, 0.0)
-    others = CpuShare.now().others_share(item.stash[OTHERS_AT_SETUP]) if OTHERS_AT_SETUP in item.stash else 0.0
-    seconds = wall * (1.0 - others)  # the machine's own seconds: what a busy neighbour took is not the test's
+    seconds = report.duration + item.stash.get(OWN_FIXTURES_S, 0.0)
     if item.get_closest_marker("full"):  # `make test-all` runs both tiers in one session: the full tier unguarded
         session.full_tests[item.nodeid] = seconds
         return
@@ -144,11 +95,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         session.over.append(item.nodeid)
         report.outcome = "failed"
         kind = "its fast_budget" if item.get_closest_marker("fast_budget") else "the fast tier's limit"
-        took = f"took {seconds:.1f} s (call and own fixtures)"
-        if others >= 0.05:
-            took += f", {wall:.1f} s of wall time with {others:.0%} of the CPUs busy with other processes"
         report.longrepr = (
-            f"{item.nodeid} passed but {took}, over {kind} of {allowed:g} s.\n"
+            f"{item.nodeid} passed but took {seconds:.1f} s (call and own fixtures), over {kind} of {allowed:g} s.\n"
             "Mark it @pytest.mark.full to run it in the full tier (make test-all), or make it faster; "
             "tests/tiers.py says which tests belong where."
         )
