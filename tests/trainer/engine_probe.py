@@ -24,8 +24,10 @@ Used by ``tests/trainer/test_plan.py`` (memory) and ``tests/trainer/test_plan_cl
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +62,7 @@ def random_batch(micro_batch_size: int, mask_probability: float) -> MaskedBatch:
 
 
 def main(argv: list[str]) -> None:
+    faulthandler.enable()  # a crash in C++ still shows every thread's Python stack in the test's message
     args = [a for a in argv if not a.startswith("--local_rank")]  # the launcher's argument
     out, (path, overrides) = Path(args[0]), split_config_args(args[1:])
     cfg = load_config(TrainConfig, path, overrides)
@@ -104,7 +107,13 @@ def main(argv: list[str]) -> None:
     counted["checkpoint_bytes"] = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
     if world.is_main:
         out.write_text(json.dumps(counted), encoding="utf-8")
-    world.close()
+    torch.distributed.barrier()  # every rank is done with the group and the file is written
+    # Leave without the interpreter's teardown: a ZeRO-3 engine on gloo now and then aborts there (SIGABRT,
+    # "terminate called without an active exception", as gloo's threads are destroyed with work still
+    # referencing Python tensors), which would fail a measurement that is complete.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
