@@ -422,7 +422,7 @@ def test_unset_sizes_and_seeds_are_the_methods_defaults():
         for args in ([], ["method=probe"], ["method=probe", "train_size=64", "seeds=[3]"])
     ]
     assert [(r.train_size, r.dev_size, r.valid_size, r.seeds) for r in resolved] == [
-        (500, 300, 300, [0, 1, 2]),
+        (500, 300, 1000, [0, 1, 2]),
         (0, 0, 0, [0]),
         (64, 0, 0, [3]),
     ]
