@@ -7,9 +7,8 @@ same train split, under the suite's dev/test protocol, with paired bootstrap int
 
 Runs ``python -m trainer evaluate-suite MINILM baseline=true lrs=[1e-4,5e-4]`` at the suite's default sizes
 (500 train, 300 dev, 1,000 test a task; ``debian-section`` has 896) and keeps its report with the command,
-machine and commit. The table
-gives each task's test score for both, each one's skill above chance, and the difference with its interval:
-where it holds zero, that task does not tell a pretrained encoder from word counts.
+machine and commit. The table gives each task's test score for both, each one's skill above chance, and the
+difference with its interval: where it holds zero, that task does not tell a pretrained encoder from word counts.
 """
 
 from __future__ import annotations
