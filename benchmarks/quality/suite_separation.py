@@ -56,9 +56,15 @@ def table(result: dict) -> str:
     )
     config = report["config"]
     cpus = f"{result['machine']['cpus']} CPUs"
+    fewer = [
+        f"{name}: {task['test_size']}"
+        for name, task in report["tasks"].items()
+        if task["test_size"] < config["valid_size"]
+    ]
+    tests = f"{config['valid_size']} test" + (f" ({', '.join(fewer)})" if fewer else "")
     rows += [
         "",
-        f"Test scores. {config['train_size']} train, {config['dev_size']} dev and {config['valid_size']} test "
+        f"Test scores. {config['train_size']} train, {config['dev_size']} dev and {tests} "
         f"examples a task; MiniLM fine-tuned {config['epochs']} epochs, seeds {config['seeds']} (mean), each task at "
         f"the rate of {config['lrs']} best on dev; intervals: paired bootstrap over test examples and seeds, "
         f"{config['bootstrap']} resamples. {made_by(result, cpus)}.",
