@@ -41,7 +41,7 @@ Kept out, so the corpus does not contain what the evaluation suite is built from
 never read, and no package here is a list of descriptions) and WordNet (no ``wordnet*`` package; GCIDE
 folds in WordNet 1.5 definitions, so every block of a GCIDE entry whose source mark names WordNet is
 removed). On top of that, a paragraph that shares any ``CONTAMINATION_NGRAM``-word sequence with an
-evaluation-suite text (``tasks/*/*.jsonl.gz``; of a WordNet text its definition) is removed, so quoted
+evaluation-suite text (``tasks/*/*.jsonl.gz``; a WordNet text is a definition) is removed, so quoted
 ``apt-cache show`` output or a dictionary's copy of a WordNet gloss does not get in; sequences that
 ``BOILERPLATE_TEXTS`` or more distinct task texts share ("this package contains the ...") are not used.
 A task text shorter than that many words cannot be checked this way (the manifest counts them).
@@ -747,10 +747,7 @@ def task_grams(tasks_dir: Path | None) -> tuple[frozenset[tuple[str, ...]], dict
                 row = json.loads(line)
                 for column in ("text", "text_pair"):
                     if isinstance(row.get(column), str):
-                        text = row[column]
-                        if "wordnet" in path.parent.name:  # "lemma, lemma: definition": the definition
-                            text = text.partition(": ")[2] or text
-                        texts.add(text)
+                        texts.add(row[column])
     counts: Counter[tuple[str, ...]] = Counter()
     too_short = 0
     for text in sorted(texts):

@@ -6,9 +6,9 @@ same train split, under the suite's dev/test protocol, with paired bootstrap int
     python benchmarks/quality/suite_separation.py --from-result --docs docs/quality.md
 
 Runs ``python -m trainer evaluate-suite MINILM baseline=true lrs=[1e-4,5e-4]`` at the suite's default sizes
-(500 train, 300 dev, 300 test a task) and keeps its report with the command, machine and commit. The table
-gives each task's test score for both, each one's skill above chance, and the difference with its interval:
-where it holds zero, that task does not tell a pretrained encoder from word counts.
+(500 train, 300 dev, 1,000 test a task; ``debian-section`` has 896) and keeps its report with the command,
+machine and commit. The table gives each task's test score for both, each one's skill above chance, and the
+difference with its interval: where it holds zero, that task does not tell a pretrained encoder from word counts.
 """
 
 from __future__ import annotations
@@ -56,9 +56,15 @@ def table(result: dict) -> str:
     )
     config = report["config"]
     cpus = f"{result['machine']['cpus']} CPUs"
+    fewer = [
+        f"{name}: {task['test_size']}"
+        for name, task in report["tasks"].items()
+        if task["test_size"] < config["valid_size"]
+    ]
+    tests = f"{config['valid_size']} test" + (f" ({', '.join(fewer)})" if fewer else "")
     rows += [
         "",
-        f"Test scores. {config['train_size']} train, {config['dev_size']} dev and {config['valid_size']} test "
+        f"Test scores. {config['train_size']} train, {config['dev_size']} dev and {tests} "
         f"examples a task; MiniLM fine-tuned {config['epochs']} epochs, seeds {config['seeds']} (mean), each task at "
         f"the rate of {config['lrs']} best on dev; intervals: paired bootstrap over test examples and seeds, "
         f"{config['bootstrap']} resamples. {made_by(result, cpus)}.",

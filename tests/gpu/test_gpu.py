@@ -308,7 +308,7 @@ def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
         None,
         [f"data={gpu_dataset_dir}", f'models=["{student}"]', f"teacher={tiny_teacher_dir}", "max_batches=4"],
     )
-    probe_args = ["method=probe", "tasks=[wordnet-hypernym]", "train_size=64", "valid_size=32", "jobs=1"]
+    probe_args = ["method=probe", "tasks=[wordnet-supersense]", "train_size=64", "valid_size=32", "jobs=1"]
     probe_args += ["mlflow.enabled=false"]
 
     def scores(accelerator: str) -> tuple[dict, float]:
