@@ -2,9 +2,13 @@
 docs/quality.md's, rendered by benchmarks/results.py; a new result file without a re-render fails here."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from helpers import REPO
 
 
@@ -24,3 +28,15 @@ def test_every_figure_in_the_readme_table_is_in_its_file():
     suite = json.loads((REPO / "docs/gpu-ablation/2026-11-28-h200/suite-minilm.json").read_text())
     student = next(m for m in suite["models"] if m["model"].endswith("/minilm-a/student"))
     assert f"keeps {student['share']:.1%}" in table
+
+
+@pytest.mark.parametrize("script", ["benchmarks/quality/suite_separation.py"])
+def test_the_quality_pages_own_tables_are_their_files_rendered(script: str, tmp_path: Path) -> None:
+    """Tables a quality script renders itself (``--from-result --docs``): rendering the committed result file
+    into a copy of docs/quality.md changes nothing, so the page shows what the file holds."""
+    page = tmp_path / "quality.md"
+    shutil.copy(REPO / "docs" / "quality.md", page)
+    command = [sys.executable, script, "--from-result", "--docs", str(page)]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "."})
+    assert proc.returncode == 0, proc.stderr
+    assert page.read_text(encoding="utf-8") == (REPO / "docs" / "quality.md").read_text(encoding="utf-8")
