@@ -16,7 +16,7 @@ Three tasks, each a ``train.jsonl.gz`` and a ``validation.jsonl.gz``, described 
 - ``wordnet-supersense``: a noun sense's definition -> the WordNet lexicographer file it is filed in
   (its supersense: act, animal, artifact, ... ; 10 classes). It replaced ``wordnet-hypernym`` (is the
   second of two senses the first's hypernym, or a sibling of it?), on which every model sat near chance
-  (the real MiniLM 0.61, word counts 0.54, chance 0.50: docs/quality.md). A prototype, screened
+  (the real MiniLM 0.61, word counts 0.54, chance 0.50: docs/log/quality.md). A prototype, screened
   before it was chosen (500 training examples, 600 validation): a logistic regression on the frozen
   MiniLM's mean-pooled features 0.757, the bag-of-words baseline 0.525; with the lemmas before the
   definition 0.745 and 0.530, so the lemmas are left out.
