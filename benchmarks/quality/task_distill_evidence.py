@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import logging
 import math
@@ -147,11 +148,26 @@ def last_student_on_test(run_dir: Path, cfg: TaskDistillConfig) -> float:
     return evaluate(model, DataCollatorWithPadding(tokenizer), examples, BATCH)[PRIMARY_METRIC[cfg.task]]
 
 
+def check_work_dir(work: Path, args: argparse.Namespace) -> None:
+    """``work`` keeps the MLM and the augmented rows for a rerun; they are reused only for the same task files
+    and arguments (``inputs.json`` records both), never silently for others."""
+    digest = hashlib.sha256()
+    for name in ("train.jsonl.gz", "validation.jsonl.gz"):
+        digest.update((TASKS / args.task / name).read_bytes())
+    fields = ("task", "train_size", "dev_size", "test_size", "variants", "max_seq_len", "mlm_steps")
+    inputs = {"task_files_sha256": digest.hexdigest(), **{key: getattr(args, key) for key in fields}}
+    record = work / "inputs.json"
+    if record.is_file() and json.loads(record.read_text()) != inputs:
+        raise SystemExit(f"{work} holds runs of other task files or arguments ({record}): give another --work")
+    work.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(inputs, indent=2) + "\n")
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     header = provenance(" ".join(["python benchmarks/quality/task_distill_evidence.py", *sys.argv[1:]]))
     started = time.perf_counter()
     work: Path = args.work
-    work.mkdir(parents=True, exist_ok=True)
+    check_work_dir(work, args)
     spec = json.loads((TASKS / "tasks.json").read_text())["tasks"][args.task]
     task = "regression" if spec["kind"] == "regression" else "classification"
     columns = {"text_column": spec["text_column"], "label_column": spec["label_column"]}
