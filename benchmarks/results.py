@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.demo_time import minutes  # noqa: E402
+from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
 
 THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
@@ -43,12 +44,6 @@ def variants() -> dict[str, str]:
     """Run name (``bert-a``) -> what it is (``(a) L_ce + L_mlm + L_cos, teacher init``): the ablation's runs.tsv."""
     with open(REPO / ABLATION / "runs.tsv", encoding="utf-8") as handle:
         return {row["name"]: row["variant"] for row in csv.DictReader(handle, delimiter="\t")}
-
-
-def run_name(model_path: str) -> str:
-    """``.../all-gpu/bert-a/student`` -> ``bert-a``; a teacher directory keeps its last name."""
-    parts = model_path.rstrip("/").split("/")
-    return parts[-2] if parts[-1] == "student" else parts[-1]
 
 
 def speed_table() -> str:
@@ -107,6 +102,9 @@ def family_table(family: str) -> str:
             f" [{model['share_ci'][0]:.1%}, {model['share_ci'][1]:.1%}]" if "share_ci" in model else ""
         )
         rows.append(f"| {label} | {cells} | {model['average']:.3f} | {share} | {masked} |")
+    short = {name: f"({name.removeprefix(family + '-')})" for name in names}  # bert-a4 -> (a4)
+    compared = comparison_lines(comparisons(family, suite, mlm), short)
+    rows += ["", *compared] if compared else []
     baseline = " · ".join(f"{TASK_LABELS.get(t, t)} {info['bow_baseline']:.3f}" for t, info in suite["tasks"].items())
     config = suite["config"]
     picked = (  # a report from before the dev/test protocol: its share is raw and its rate picked on what it reports

@@ -29,9 +29,10 @@ from safetensors.torch import load_file
 VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start
 BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
 # MiniLM's at the toy scale: (a), (f) and both with 4 layers; its (b)-(e) take the BERT family's code paths
-MINILM_STUDENTS = ["minilm-a", "minilm-f", "minilm-a4", "minilm-f4"]
+MINILM_STUDENTS = ["minilm-a", "minilm-f", "minilm-a4", "minilm-f4", "minilm-a5x"]
 UNTRAINED = {"bert-f", "minilm-f", "minilm-f4"}
-TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED]
+LONGER = {"minilm-a5x"}  # (a) on 5x the tokens: the second budget
+TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED | LONGER]
 
 
 def table_rows(markdown: str) -> list[str]:
@@ -149,6 +150,27 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         assert "student.num_layers=4" in rows[name]["command"]
         assert rows[name]["encoder_params"] > rows["minilm-a"]["encoder_params"]  # 4 of MiniLM's layers, not 3
     assert rows["minilm-f4"]["tokens"] == 0 and "max_steps=0" in rows["minilm-f4"]["command"]
+    assert (
+        rows["minilm-a5x"]["tokens"] == 5 * rows["minilm-a"]["tokens"]
+        and "max_steps=15" in rows["minilm-a5x"]["command"]
+    )
+    # Does the distillation beat the layers it starts from? Each pair with both differences and their intervals,
+    # the suite's from evaluate-suite's paired bootstrap, the masked LM's from evaluate-mlm's over batches.
+    pairs = {(c["first"], c["second"]): c for c in report["comparisons"]}
+    assert set(pairs) == {
+        ("bert-a", "bert-f"),
+        ("minilm-a", "minilm-f"),
+        ("minilm-a5x", "minilm-f"),
+        ("minilm-a4", "minilm-f4"),
+    }
+    for (first, second), pair in pairs.items():
+        for figure in ("suite_skill", "mlm_accuracy"):
+            low, high = pair[figure]["ci95"]
+            assert low <= pair[figure]["difference"] <= high, (first, figure)
+            assert pair[figure]["verdict"] in {"first better", "second better", "no measurable difference"}
+        assert pair["mlm_accuracy"]["difference"] == pytest.approx(
+            rows[first]["mlm_accuracy"] - rows[second]["mlm_accuracy"]
+        )
     # MiniLM's head was fitted through the real launcher without changing one value of its encoder.
     assert "benchmarks/quality/ablation/head-toy.yaml" in rows["minilm"]["command"]  # student.trainable: head
     fitted = load_file(out / "minilm-head" / "student" / "model.safetensors")
@@ -170,6 +192,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
     assert "Steps ran up to 4 at a time" in table
     assert "each task at the best of the learning rates 0.0001, 0.0005" in table
+    assert "Does the distillation beat the layers it starts from" in table and "| minilm-a5x - minilm-f | " in table
 
     # The call returned a report per family; --merge joins them here into the whole run's rows, as it joins
     # the reports of calls that each ran one family.

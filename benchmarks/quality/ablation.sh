@@ -14,6 +14,9 @@
 #                      runs.tsv records the step as prebuilt (CORPORA_DIR is then only a label)
 #   ABLATION_FAMILIES  the teacher families to train and score, "bert minilm" (default), "bert" or
 #                      "minilm"; the report then has those rows alone (ablation_report.py --merge joins parts)
+#   ABLATION_VARIANTS  the students to train and score for both families, e.g. "a f a5x" (default: the scale's
+#                      lists); a5x is (a) on 5x the students' tokens, the second budget of "does the distillation
+#                      beat the copied layers (f)?"
 #   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
 #   ABLATION_JOBS      steps 2-5 that run at once (default 1: one after another). A step starts as soon as
 #                      what it needs is done: MiniLM's students while the BERT teacher still trains. On one
@@ -63,7 +66,7 @@ case "$SCALE" in
         MLM=(max_batches=2 batch_size=8)
         # MiniLM's (b)-(e) take the code paths of the BERT family's, which the toy runs whole: only (a), (f)
         # and the gpu scale's 4-layer pair (a4, f4), whose layer choice differs
-        MINILM_VARIANTS=(a f a4 f4)
+        MINILM_VARIANTS=(a f a4 f4 a5x)
         ;;
     cpu)
         DOCS=0
@@ -99,6 +102,17 @@ case "$SCALE" in
         ;;
 esac
 VARIANTS=(a b c d e f)  # the BERT teacher's students, every scale
+if [ -n "${ABLATION_VARIANTS:-}" ]; then  # both families' students, instead of the scale's lists
+    read -ra VARIANTS <<<"$ABLATION_VARIANTS"
+    MINILM_VARIANTS=("${VARIANTS[@]}")
+    for variant in "${VARIANTS[@]}"; do
+        case $variant in a | b | c | d | e | f | a4 | f4 | a5x) ;; *)
+            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x)" >&2
+            exit 2
+            ;;
+        esac
+    done
+fi
 LAUNCH=(deepspeed --num_gpus "$RANKS")
 read -ra FAMILIES <<<"${ABLATION_FAMILIES:-bert minilm}"
 family() { [[ " ${FAMILIES[*]} " == *" $1 "* ]]; }  # family NAME: is this family's part run?
@@ -209,6 +223,10 @@ half_depth() {  # the student's depth: half its teacher's, as init=from_teacher 
 }
 
 STUDENT="$CONF/student-$SCALE.yaml"
+student_steps() {  # the students' max_steps, read through the trainer's own config loader (base: included)
+    "$PYTHON" -c 'import sys; from common.config import load_config; from trainer.config import TrainConfig
+print(load_config(TrainConfig, sys.argv[1], ["data=unused", "output_dir=unused"]).max_steps)' "$STUDENT"
+}
 # distil FAMILY TEACHER VARIANT...: the ablation's students of one teacher, all on the same tokens (the
 # student config's steps x batch), each variant one override of DistilBERT's full recipe.
 distil() {
@@ -225,6 +243,8 @@ distil() {
             e) train "$family-e" "$family" "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
                 "${random[@]}" student.model="$teacher" objective.ce=0 objective.cos=0 objective.mlm=1 ;;
             f) train "$family-f" "$family" "(f) teacher layers, no training" "$STUDENT" teacher="$teacher" max_steps=0 ;;
+            a5x) train "$family-a5x" "$family" "(a) on 5x the tokens" "$STUDENT" teacher="$teacher" \
+                max_steps=$((5 * $(student_steps))) ;;
             a4) train "$family-a4" "$family" "(a) with 4 layers" "$STUDENT" teacher="$teacher" student.num_layers=4 ;;
             f4) train "$family-f4" "$family" "(f) with 4 layers, no training" "$STUDENT" teacher="$teacher" \
                 student.num_layers=4 max_steps=0 ;;

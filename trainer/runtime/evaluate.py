@@ -5,7 +5,7 @@ kept on the device; every evaluation scores the same tokens, so its numbers are 
 steps, and across runs on any numbers of ranks that divide the batches evenly (a batch's mask does
 not depend on the rank that scores it). :class:`Evaluation` is the periodic evaluation of a training
 run (each rank evaluates its share and the sums are all-reduced); ``python -m trainer evaluate-mlm`` scores
-finished models on the same batches with :func:`fixed_masked_batches` and :func:`masked_lm_sums`.
+finished models on the same batches with :func:`fixed_masked_batches` and :func:`masked_lm_batch_sums`.
 The teacher's loss and accuracy never change, so a run reports them once; student-teacher top-1
 agreement is reported every time.
 """
@@ -72,11 +72,14 @@ def fixed_masked_batches(
 
 def masked_lm_sums(distiller: Distiller, batches: list[EvalBatch]) -> dict[str, torch.Tensor]:
     """:meth:`Distiller.evaluate`'s sums over ``batches`` (float32, on the device); feed to ``eval_metrics``."""
-    totals: dict[str, torch.Tensor] = {}
-    for masked, attention_mask in batches:
-        for key, value in distiller.evaluate(masked, attention_mask).items():
-            totals[key] = totals.get(key, 0) + value.float()
-    return totals
+    return {key: per_batch.sum() for key, per_batch in masked_lm_batch_sums(distiller, batches).items()}
+
+
+def masked_lm_batch_sums(distiller: Distiller, batches: list[EvalBatch]) -> dict[str, torch.Tensor]:
+    """:meth:`Distiller.evaluate`'s sums, one per batch: ``{key: [batches]}`` (float32, on the device).
+    ``evaluate-mlm`` keeps them apart for its intervals, which resample batches."""
+    rows = [distiller.evaluate(masked, attention_mask) for masked, attention_mask in batches]
+    return {key: torch.stack([row[key].float() for row in rows]) for key in rows[0]} if rows else {}
 
 
 class Evaluation:
