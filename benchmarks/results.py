@@ -1,11 +1,13 @@
 """The current answers, as tables generated from committed result files: README's one results table, the
-speed table opening docs/benchmarks.md and the ablation tables opening docs/quality.md.
+speed table opening docs/benchmarks.md, the ablation tables opening docs/quality.md and its table of the
+evaluation suite's tasks.
 
     python benchmarks/results.py            # re-render README.md, docs/benchmarks.md, docs/quality.md
     python benchmarks/results.py --check    # exit 1 if a page's table differs from what the files give
 
 Measures nothing: each figure is read from the file named under its table (the latest GPU campaign, the
-latest GPU ablation, the demo's timing), so a new result file changes the pages only through this script.
+latest GPU ablation, the demo's timing, the task files and the suite-separation run), so a new result file
+changes the pages only through this script.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
+TASKS = Path("benchmarks/quality/tasks/tasks.json")  # the suite's task files, with each one's bag-of-words baseline
+SEPARATION = Path("docs/quality/suite-separation.json")  # MiniLM against bag-of-words on 500 train, with chance
 HEADLINE = "distilbert-512-gb4096-mb64"  # the preset as shipped: 4096-sequence batches, 64 x 64 by accumulation
 FAMILIES = {"bert": "a BERT teacher pretrained here (6 x 512)", "minilm": "all-MiniLM-L6-v2 + a fitted MLM head"}
 TASK_LABELS = {
@@ -123,6 +127,50 @@ def family_table(family: str) -> str:
     return "\n".join(rows)
 
 
+# What each task asks: prose, not figures (the labels come from the task file).
+TASK_INPUTS = {
+    "debian-section": "a package's description → its archive section",
+    "debian-size": "a package's description → log10 of its installed size (KiB)",
+    "wordnet-supersense": "a noun sense's definition → the WordNet lexicographer file it is filed in",
+}
+METRIC_NAMES = {"accuracy": "accuracy", "pearson": "Pearson r"}
+
+
+def suite_tasks_table() -> str:
+    """The evaluation suite's tasks: what each asks, its source and metric from the task file with the
+    bag-of-words baseline fitted on all its training examples; chance and the bag-of-words baseline fitted on
+    the first 500, on the same test examples, from the suite-separation run (its second model)."""
+    tasks = load(TASKS)["tasks"]
+    report = load(SEPARATION)["report"]
+    chance, bow = report["tasks"], report["models"][1]
+    train = report["config"]["train_size"]
+    rows = [
+        f"| task | input → label | source | metric | majority / chance | BoW, all train | BoW, {train} train |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for name, task in tasks.items():
+        labels = task.get("labels")
+        described = TASK_INPUTS.get(name, "")
+        if labels:
+            described += f" ({len(labels)}: {', '.join(labels)})"
+        metric = task["metric"]
+        chance_cell = f"{chance[name]['chance']:.3f}" if name in chance else "-"
+        small = f"{bow['tasks'][name]['mean']:.3f}" if name in bow["tasks"] else "-"
+        rows.append(
+            f"| `{name}` | {described} | {task['source']} | {METRIC_NAMES.get(metric, metric)} | {chance_cell} "
+            f"| {task['bow_baseline'][metric]:.3f} | {small} |"
+        )
+    whole = all(entry["test_size"] == tasks[name]["validation_size"] for name, entry in chance.items() if name in tasks)
+    tested = "the whole validation split" if whole else "the first examples of the validation split"
+    sizes = ", ".join(f"`{name}` {entry['test_size']:,}" for name, entry in chance.items())
+    rows += [
+        "",
+        f"From `{TASKS}` (source, metric, labels; BoW fitted on all the training examples) and `{SEPARATION}` "
+        f"(chance; BoW fitted on the first {train}). Every figure is on {tested} ({sizes} examples).",
+    ]
+    return "\n".join(rows)
+
+
 def demo_line() -> str:
     path = REPO / DEMO_TIME
     if not path.exists():
@@ -191,6 +239,7 @@ PAGES = {
     "docs/quality.md": {
         "ablation-bert": lambda: family_table("bert"),
         "ablation-minilm": lambda: family_table("minilm"),
+        "suite-tasks": suite_tasks_table,
     },
 }
 

@@ -40,3 +40,28 @@ def test_the_quality_pages_own_tables_are_their_files_rendered(script: str, tmp_
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "."})
     assert proc.returncode == 0, proc.stderr
     assert page.read_text(encoding="utf-8") == (REPO / "docs" / "quality.md").read_text(encoding="utf-8")
+
+
+def test_the_suite_tasks_table_is_the_task_file_and_the_separation_run_rendered() -> None:
+    """docs/quality.md's table of the suite's tasks: each task's bag-of-words baselines and chance are the
+    committed files' figures, and the block is what benchmarks/results.py renders from them."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import results
+
+    page = (REPO / "docs" / "quality.md").read_text(encoding="utf-8")
+    start, end = "<!-- suite-tasks:start -->", "<!-- suite-tasks:end -->"
+    block = page[page.index(start) + len(start) : page.index(end)].strip()
+    assert block == results.suite_tasks_table()
+    tasks = json.loads((REPO / "benchmarks/quality/tasks/tasks.json").read_text())["tasks"]
+    report = json.loads((REPO / "docs/quality/suite-separation.json").read_text())["report"]
+    bow_500 = report["models"][1]["tasks"]
+    assert "bag-of-words" in report["models"][1]["model"]
+    for name, task in tasks.items():
+        row = next(line for line in block.splitlines() if line.startswith(f"| `{name}` |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[-3:] == [
+            f"{report['tasks'][name]['chance']:.3f}",
+            f"{task['bow_baseline'][task['metric']]:.3f}",
+            f"{bow_500[name]['mean']:.3f}",
+        ]
+        assert task["source"] in row
