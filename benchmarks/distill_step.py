@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--floor] [--json]
+        [--step project|naive|peer] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--floor] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -11,7 +11,11 @@ non-special tokens, a [SEP] every ~100 tokens), since speed does not depend on t
 is DeepSpeed's bf16/fp16 mode (``deepspeed.precision``), without DeepSpeed: student and teacher hold
 16-bit weights and run in 16 bits (no autocast), and AdamW updates float32 master copies of the
 student's weights, copied back after each step (:class:`MasterWeights`; no loss scaling, so fp16 gives
-timings, not a trained model).
+timings, not a trained model). The gradients' global norm is clipped to ``optimizer.grad_clip`` before the
+update, as the engine clips (DeepSpeed's ``gradient_clipping``), and as the two steps it is compared with
+clip: ``--step naive`` (``benchmarks/naive_step.py``: the usual hand-written script) and ``--step peer``
+(``benchmarks/peer_step.py``: the same objective through TextBrewer, a distillation library from PyPI,
+installed), both with their teacher under autocast in the same 16-bit dtype as the project's.
 
 MFU = tokens/s x model FLOPs per token (``trainer.commands.plan.step_flops_per_token``, the figure
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
@@ -63,7 +67,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.compiled_floor import compiled_report, inductor_counts, kernel_costs
 from benchmarks.host_reads import PhasedReads, issuer
-from benchmarks.naive_step import NaiveStep
+from benchmarks.naive_step import NaiveStep, clip_gradients
+from benchmarks.peer_step import PEER, PeerStep
 from benchmarks.step_floor import floor_markdown, measured_ceilings, step_floor
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
@@ -123,6 +128,12 @@ def ops_per_step(step: Any, i: int) -> int:
     with counter:
         step(i)
     return sum(counter.ops.values())
+
+
+def peer_version() -> dict[str, str]:
+    import importlib.metadata
+
+    return {"library": PEER, "version": importlib.metadata.version(PEER)}
 
 
 def gpu_peak(name: str) -> float | None:
@@ -217,11 +228,12 @@ def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.G
 class MasterWeights:
     """DeepSpeed's 16-bit training mode, without DeepSpeed: the model holds 16-bit weights and gradients,
     AdamW holds float32 master copies (``fused`` on CUDA, as the trainer's). A step copies the gradients into
-    the masters, updates them and copies them back: the per-step traffic of ZeRO's bf16 optimizer on one rank.
-    With float32 weights it is the plain optimizer."""
+    the masters, clips them as the engine does (:func:`clip_gradients`: DeepSpeed's ``gradient_clipping``, on the
+    float32 gradients), updates them and copies them back: the per-step traffic of ZeRO's bf16 optimizer on one
+    rank. With float32 weights it is the plain optimizer, clipped the same way."""
 
     def __init__(self, params: list[torch.nn.Parameter], cfg: TrainConfig, fused: bool) -> None:
-        self.params = params
+        self.params, self.cfg = params, cfg
         self.masters = params
         if params[0].dtype != torch.float32:
             self.masters = [torch.nn.Parameter(p.detach().float()) for p in params]
@@ -237,6 +249,7 @@ class MasterWeights:
                 # None where no loss reached the parameter (the student's MLM head under TinyBERT's or
                 # MiniLM's layer losses alone): AdamW then leaves it untouched
                 master.grad = None if param.grad is None else param.grad.float()
+        clip_gradients(self.masters, self.cfg)
         self.optimizer.step()
         if self.masters is not self.params:
             torch._foreach_copy_(self.params, self.masters)
@@ -279,6 +292,10 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
 
         def step(i: int) -> torch.Tensor:
             return torch.tensor(naive(host_batches[i % 4], seeded_generator(cfg.seed, i))["loss"])
+
+    elif args.step == "peer":
+        peer = PeerStep(cfg, teacher, student, tokenizer, device, host_batches)
+        forward_backward, step = peer.forward_backward, peer
 
     else:
         # Both models in the training dtype, as DeepSpeed's bf16/fp16 mode converts the module it trains.
@@ -365,8 +382,15 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         else f"cpu ({torch.get_num_threads()} threads)",
         "step": args.step,
         "fused_adamw": args.step == "project" and args.fused_adamw and device.type == "cuda",
-        "compiled": args.compile,
+        "compiled": args.compile and args.step == "project",
         "precision": cfg.deepspeed.precision,
+        # how the teacher runs: the naive and peer steps under the same 16-bit dtype as the project's (issue 52)
+        "teacher_weights": str(dtype if args.step == "project" else torch.float32).removeprefix("torch."),
+        "autocast": None
+        if args.step == "project"
+        else {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.deepspeed.precision),
+        "grad_clip": cfg.optimizer.grad_clip,  # every step clips the global norm to it, as the engine does
+        "peer": peer_version() if args.step == "peer" else None,
         "teacher": cfg.teacher,
         "student_layers": student.config.num_hidden_layers,
         "micro_batch_size": cfg.micro_batch_size,
@@ -401,7 +425,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--random-weights", action="store_true", help="teacher from its config.json, random init")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the teacher's)")
     parser.add_argument(
-        "--step", default="project", choices=["project", "naive"], help="this project's step or the naive reference"
+        "--step",
+        default="project",
+        choices=["project", "naive", "peer"],
+        help="this project's step, the naive reference or the real peer (TextBrewer, installed)",
     )
     parser.add_argument(
         "--fused-adamw", action=argparse.BooleanOptionalAction, default=True, help="fused AdamW on CUDA (project step)"
@@ -421,9 +448,11 @@ def main(argv: list[str]) -> int:
     if args.steps < 1 or args.seq_len < 2 or args.profile_steps < 0:
         raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
     if args.memory and (args.step != "project" or args.compile):
-        raise ConfigError("--memory: the project's eager step only (the naive step and compile are not planned)")
+        raise ConfigError("--memory: the project's eager step only (naive, peer and compile are not planned)")
     if args.floor and args.step != "project":
-        raise ConfigError("--floor: the project's step only (the naive step's ops are not counted)")
+        raise ConfigError("--floor: the project's step only (the naive and peer steps' ops are not counted)")
+    if args.compile and args.step != "project":
+        raise ConfigError("--compile: the project's step only (the naive and peer steps run as their users run them)")
     if args.compile and args.floor and args.warmup < 1:
         raise ConfigError("--compile --floor: the first warm-up step's compile is what is counted (--warmup >= 1)")
     path, overrides = split_config_args(args.args)

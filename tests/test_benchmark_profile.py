@@ -32,6 +32,13 @@ from trainer.runtime.profiling import op_category, profile_markdown
         ("aten::copy_", "copies and casts"),
         ("Memcpy HtoD (Pageable -> Device)", "copies and casts"),
         ("aten::add", "other"),
+        # a compiled step's kernels, by the names Inductor gives them (recorded so on CUDA)
+        ("triton_per_fused__log_softmax_mul_sub_4", "softmax and losses"),
+        ("triton_red_fused_add_native_dropout_native_layer_norm_7", "norms and activations"),
+        (
+            "## Call CompiledFxGraph fgi2a6fdjnmevljv5fpzyhlngtnr22zyatr2c46vw72edcfpnadt ##",
+            "compiled graph, unattributed",
+        ),
     ],
 )
 def test_ops_fall_into_the_category_an_optimisation_would_target(name: str, category: str) -> None:

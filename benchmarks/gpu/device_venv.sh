@@ -33,10 +33,12 @@ DEBS=(libpython3.12-minimal libpython3.12-stdlib python3.12-minimal libpython3.1
 # The rest of what the device has and its path imports (KINDS.md's pip list), beside the pins given: numpy at
 # the device's version (2.5.2 has no Python 3.11 build, so GPU_PINS, shared with the 3.11 .gpu-venv, lacks it);
 # a name without a version: what pip resolves around the pins.
+# tensorboard: the SummaryWriter the peer library (textbrewer, carried) imports.
 DEVICE=(numpy==2.5.2 triton==3.6.0 pyyaml psutil pyarrow ninja einops msgpack py-cpuinfo nvidia-ml-py tqdm
-    packaging pytest scipy scikit-learn)
+    packaging pytest scipy scikit-learn tensorboard)
 # Carried (benchmarks/gpu/wheels.sh) because the device lacks them; typing-extensions the device has.
-CARRIED_ONLY=(deepspeed webdataset braceexpand hjson pydantic pydantic-core annotated-types typing-inspection)
+CARRIED_ONLY=(deepspeed webdataset braceexpand hjson pydantic pydantic-core annotated-types typing-inspection
+    textbrewer)
 
 rm -rf "$DEST"
 mkdir -p "$DEST/.debs"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU campaign on a bare, offline GPU machine:
-#   bash benchmarks/gpu/run.sh OUTDIR [session|tests|cases|steps|all]
+#   bash benchmarks/gpu/run.sh OUTDIR [session|fair|tests|cases|steps|all]
 #
 # Needs .gpu/ from this repository's `make gpu-wheels gpu-data` (carried to the machine): it installs
 # .gpu/wheels (deepspeed, webdataset, ...) into /tmp/site without any index, prints the versions, then
@@ -8,30 +8,37 @@
 #               kill-and-resume, fill-mask on the GPU, no host sync in masking/forward/backward
 #   cases       benchmarks/gpu/train_throughput.py --parts cases: the real engine and loader, presets x sequence
 #               length x micro-batch, MFU, peak memory, data wait, the 4096 global batch
-#   steps       benchmarks/gpu/train_throughput.py --parts steps: the bare step (fused AdamW on/off, compiled)
-#               and the naive reference step side by side
+#   steps       benchmarks/gpu/train_throughput.py --parts steps: the bare step (fused AdamW on/off, compiled),
+#               the naive reference step and the real peer's (TextBrewer, carried as a wheel) side by side
 #   all         the three in one go, for a machine without a time limit
 #   session     (the default) all of it, the most telling first, under a time budget (GPU_RUN_BUDGET_S, default
-#               540 s from this script's start: the device kills a command at 600 s): the bare step and the
-#               naive one (the ratio and the profile), the headline case (distilbert-base, 512 x 32), the GPU
+#               540 s from this script's start: the device kills a command at 600 s): the bare step, the
+#               naive one and the peer's (the ratios and the profile), the headline case (distilbert-base, 512 x 32), the GPU
 #               tests, the compiled bare step, then every other case and step. Its results accumulate in $GPU_CAMPAIGN_STATE
 #               (runs/gpu-campaign: git-ignored, kept while the machine stays warm) and are copied to OUTDIR
 #               after each piece, so the same command again on the warm machine, with the budget that is
 #               left, continues where the last call stopped (what is done is not measured again).
+#   fair        (issue 52) as session, from the same state and under the same deadline, but only: the project's bare
+#               step, the naive step and the real peer's (TextBrewer) side by side; the compiled engine step's
+#               profile (the case distilbert-512-mb32-compiled-profiled); the compiled bare step. A session call
+#               after it continues with the rest.
 # and writes at most 7 files into OUTDIR (the device tool returns 8 at most): versions.txt, tests.log,
 # tests.xml, throughput.log, throughput.json, throughput.md, summary.md. docs/gpu-machine.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [session|tests|cases|steps|all]}
+OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [session|fair|tests|cases|steps|all]}
 MODE=${2:-session}
-case $MODE in session | tests | cases | steps | all) ;; *) echo "unknown mode $MODE (session|tests|cases|steps|all)"; exit 2 ;; esac
+case $MODE in session | fair | tests | cases | steps | all) ;; *) echo "unknown mode $MODE (session|fair|tests|cases|steps|all)"; exit 2 ;; esac
+# fair is a session that measures less: the same state, deadline and continuation
+SESSION=false
+case $MODE in session | fair) SESSION=true ;; esac
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 DEADLINE=$(($(date +%s) + ${GPU_RUN_BUDGET_S:-540}))
 # session: results accumulate across calls, and train_throughput.py continues them under the deadline;
 # the other modes write straight into OUTDIR
 RESULTS=$OUTDIR SESSION_ARGS=()
-if [ "$MODE" = session ]; then
+if $SESSION; then
     RESULTS=${GPU_CAMPAIGN_STATE:-runs/gpu-campaign} SESSION_ARGS=(--append --deadline "$DEADLINE")
 fi
 mkdir -p "$RESULTS"
@@ -40,7 +47,7 @@ RESULTS=$(cd "$RESULTS" && pwd)
 # (committed or carried), and the session continues from them instead of measuring it all again, but for
 # GPU_CAMPAIGN_AGAIN: the names of results to measure again (recorded before a change to what they measure).
 PY=${PYTHON:-python3}
-if [ "$MODE" = session ] && [ -n "${GPU_CAMPAIGN_FROM:-}" ] && [ ! -e "$RESULTS/throughput.json" ]; then
+if $SESSION && [ -n "${GPU_CAMPAIGN_FROM:-}" ] && [ ! -e "$RESULTS/throughput.json" ]; then
     # not versions.txt: this session's device and versions are recorded anew (each result names its device)
     cp "$GPU_CAMPAIGN_FROM"/{tests.log,tests.xml,throughput.json,throughput.log} "$RESULTS"/ 2>/dev/null
     if [ -n "${GPU_CAMPAIGN_AGAIN:-}" ]; then  # before the wheels: forget.py needs none of them
@@ -58,7 +65,7 @@ unset DS_ACCELERATOR  # DeepSpeed detects CUDA
 # The offload test JIT-builds DeepSpeed's CPU Adam (plain C++): somewhere writable even if $HOME is not.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
 
-[ "$MODE" = session ] && [ -s "$RESULTS/versions.txt" ] || {
+$SESSION && [ -s "$RESULTS/versions.txt" ] || {
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
     "$PY" - <<'EOF'
@@ -83,7 +90,7 @@ NOT_STARTED=()  # the pieces run.sh did not start, too close to the deadline
 tests() {  # the GPU tests; in a session under the deadline (timeout stops pytest's whole process group)
     echo "=== GPU tests (pytest -m gpu tests/gpu) ==="
     local guard=()
-    [ "$MODE" = session ] && guard=(timeout -k 15 "$(left)")
+    $SESSION && guard=(timeout -k 15 "$(left)")
     "${guard[@]}" "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider --junitxml="$RESULTS/tests.xml" 2>&1 \
         | tee "$RESULTS/tests.log"
     local rc=${PIPESTATUS[0]}
@@ -99,7 +106,7 @@ throughput() {  # throughput() PARTS [train_throughput.py arguments]: appends to
     shift
     local piece="$parts${*:+ $*}"
     local title="=== throughput: $piece (benchmarks/gpu/train_throughput.py) ==="
-    if [ "$MODE" = session ] && [ "$(left)" -lt "${MIN_START_S:?}" ]; then  # it would start nothing, after ~10 s of imports
+    if $SESSION && [ "$(left)" -lt "${MIN_START_S:?}" ]; then  # it would start nothing, after ~10 s of imports
         echo "$title not started: $(left) s to the deadline" | tee -a "$RESULTS/throughput.log"
         NOT_STARTED+=("$piece")
         return
@@ -126,13 +133,23 @@ report() {  # summary.md from what RESULTS holds, and every file copied to OUTDI
 
 case $MODE in
     tests) tests ;;
+    fair)
+        # the three steps side by side (one process each, one after another on the same GPU), then the compiled
+        # engine step's profile (--only's "compiled-profiled": the case of that name at this size), then the
+        # compiled bare step
+        throughput steps --only project,naive,peer
+        report
+        throughput cases --only compiled-profiled
+        report
+        throughput steps --only project-compiled
+        ;;
     cases | steps) throughput "$MODE" ;;
     all)
         tests
         throughput cases,steps
         ;;
     session)
-        throughput steps --only project,project-unpadded,naive,tinybert-memory,sdpa
+        throughput steps --only project,project-unpadded,naive,peer,tinybert-memory,sdpa
         report
         throughput cases --only headline
         report

@@ -74,16 +74,22 @@ STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: me
 # profile the kernels it ran (how far each is from that floor). "project-unpadded" is the project's step with the
 # MLM decoders' vocabulary as it is (objective.vocab_multiple=1, the presets' setting before the third campaign
 # measured the padded decoder's matmuls 1.97x faster alone): the padding's gain in the whole step, side by side.
+# "naive" and "peer" are the fair baselines (issue 52): the naive script and TextBrewer (benchmarks/peer_step.py,
+# installed from the carried wheel), each with its teacher under the same bf16 autocast as the project's step's
+# bf16 teacher, and every step clipping its gradients to the preset's optimizer.grad_clip, as the engine does.
 STEP_VARIANTS = {
     "project": ["--step=project", "--profile-steps=3", "--floor", "--memory"],
     "project-unpadded": ["--step=project"],
     "naive": ["--step=naive"],
+    "peer": ["--step=peer"],
     "tinybert-memory": ["--step=project", "--memory"],
     "project-compiled": ["--step=project", "--compile", "--floor", "--profile-steps=3"],
     "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
 }
 STEP_OVERRIDES = {"project-unpadded": ["objective.vocab_multiple=1"]}  # config keys a step changes
 HEADLINE = "headline"  # --only's name for the first case of the list
+COMPILED_PROFILED = "distilbert-512-mb32-compiled-profiled"  # the compiled engine step's profile (issue 52)
+COMPILE = ["compile=true"]
 
 
 def timed_out(timeout: float) -> str:
@@ -141,6 +147,8 @@ def full_cases() -> list[Case]:
     # The headline again, unchanged, after its variants: how far the same case moves within one call
     cases += [Case("distilbert-512-mb32-repeat", "distilbert-base", 512, 32)]
     cases += [profiled(Case("distilbert-512-mb32-profiled", "distilbert-base", 512, 32, steps=13, log_every=10))]
+    # the same compiled (issue 52): its compilation falls in the first interval, the profile in the last 3 steps
+    cases += [profiled(Case(COMPILED_PROFILED, "distilbert-base", 512, 32, steps=13, log_every=10, overrides=COMPILE))]
     # The host's work per step hardly grows with the micro-batch, the GPU's does: if the engine is bound by its
     # host, its MFU climbs toward the bare step's as the micro-batch grows (about 35 GiB at 256).
     cases += [Case(f"distilbert-512-mb{m}", "distilbert-base", 512, m) for m in (64, 128, 256)]
@@ -166,7 +174,7 @@ def full_cases() -> list[Case]:
 def profiled(case: Case) -> Case:
     """The case with its last 3 steps under the profiler (``profile.steps``): where the engine step's time goes.
     Its tokens/s are those of the profiled steps, slowed by the profiler: the profile is the figure."""
-    case.overrides += ["profile.steps=3", f"profile.start_step={case.steps - 2}"]
+    case.overrides = [*case.overrides, "profile.steps=3", f"profile.start_step={case.steps - 2}"]
     return case
 
 
@@ -180,6 +188,8 @@ def quick_cases() -> list[Case]:
         Case("distilbert-128-mb2-compiled", "distilbert-base", 128, 2, steps=4, log_every=2, overrides=["compile=true"])
     ]
     cases += [profiled(Case("distilbert-128-mb2-profiled", "distilbert-base", 128, 2, steps=5, log_every=2))]
+    quick = {"steps": 5, "log_every": 2, "overrides": COMPILE}
+    cases += [profiled(Case("distilbert-128-mb2-compiled-profiled", "distilbert-base", 128, 2, **quick))]
     return cases
 
 
@@ -442,6 +452,10 @@ def markdown(report: dict[str, Any]) -> str:
         )
     if report.get("naive_ratio"):
         lines += ["", f"Project step / naive step tokens/s: **{report['naive_ratio']:.2f}x**"]
+    if report.get("peer_ratio"):
+        peer = next(r.get("peer") or {} for r in report["steps"] if r["name"] == "peer")
+        name = f"{peer.get('library', 'peer')} {peer.get('version', '')}".strip()
+        lines += ["", f"Project step / real peer step ({name}) tokens/s: **{report['peer_ratio']:.2f}x**"]
     losses = report.get("losses")
     if losses and "error" in losses:
         lines += ["", "Output losses, eager vs compiled (benchmarks/losses.py): error"]
@@ -534,6 +548,8 @@ def main() -> int:
     cases = quick_cases() if args.quick else full_cases()
     if only is not None and HEADLINE in only:
         only.add(cases[0].name)
+    if only is not None and "compiled-profiled" in only:  # the compiled engine step's profile, at either size
+        only |= {case.name for case in cases if case.name.endswith("-compiled-profiled")}
 
     def wanted(name: str, part: str) -> bool:
         return part in parts and name not in done and (only is None or name in only)
@@ -549,6 +565,8 @@ def main() -> int:
         steps = {r["name"]: r.get("tokens_per_s") for r in report["steps"]}
         if steps.get("project") and steps.get("naive"):
             report["naive_ratio"] = steps["project"] / steps["naive"]
+        if steps.get("project") and steps.get("peer"):
+            report["peer_ratio"] = steps["project"] / steps["peer"]
         write_text_atomically(args.outdir / "throughput.json", json.dumps(report, indent=2) + "\n")
         write_text_atomically(args.outdir / "throughput.md", markdown(report))
 

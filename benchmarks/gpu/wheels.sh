@@ -12,6 +12,9 @@
 #   its requirements missing there: hjson, pydantic (+ pydantic-core, annotated-types, typing-inspection,
 #   and a typing-extensions new enough for this pydantic).
 # * webdataset + braceexpand: the trainer's shard reader.
+# * textbrewer (PEER): the real peer that benchmarks/peer_step.py times (issue 52). Not a dependency of this
+#   project, so not in the virtual environment: pinned here, and built from its sdist (PyPI has no wheel) into
+#   a pure-Python wheel (40 kB). Its requirements (numpy, tqdm, tensorboard) are on the GPU machine already.
 # Not carried: mlflow and apache-beam (hundreds of MB with their dependencies). The campaign trains with
 # mlflow.enabled=false (tracking is imported lazily, only when enabled) and reads shards made here by the
 # real preprocessing pipeline (benchmarks/gpu/data.sh) instead of running Beam there.
@@ -42,6 +45,11 @@ echo "downloading: ${specs[*]}"
 ds="deepspeed==$(version deepspeed)"
 echo "building: $ds (DS_BUILD_OPS=0)"
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-cache-dir --no-deps --no-build-isolation --no-binary deepspeed -w "$DEST.tmp" "$ds"
+
+# the peer library, from its sdist (setuptools only; no build isolation: no index there to fetch one from)
+PEER=${PEER:-textbrewer==0.2.1.post1}
+echo "building: $PEER"
+"$PY" -m pip wheel -q --no-cache-dir --no-deps --no-build-isolation --no-binary :all: -w "$DEST.tmp" "$PEER"
 
 rm -rf "$DEST" && mv "$DEST.tmp" "$DEST"
 ls -l "$DEST" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'

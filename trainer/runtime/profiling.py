@@ -32,7 +32,12 @@ from torch.profiler import ProfilerActivity, profile
 from common.atomic import write_text_atomically
 from trainer.config import ProfileConfig
 
+# A compiled step's kernels are named by Inductor after the ops they fuse (``triton_per_fused_native_layer_norm_3``)
+# and, on CUDA, recorded under those names while the profiler runs, so they fall into the same categories as the eager
+# ops (``benchmarks/compiled_floor.py`` names its kernels so too). What a compiled graph runs without naming it (on a
+# CPU, the C++ kernels Inductor generates) is charged to the graph's call, kept apart rather than hidden in "other".
 OP_CATEGORIES = (
+    ("compiled graph, unattributed", r"^## Call CompiledFxGraph"),
     ("attention", r"attention|flash|fmha|sdpa"),
     ("matmul", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$|gemm|cutlass|sm90_xmma|nvjet"),
     ("softmax and losses", r"softmax|kl_div|cross_entropy|nll_loss|logsumexp|cosine"),
