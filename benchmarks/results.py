@@ -28,6 +28,7 @@ THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
+TASK_DISTILL = Path("docs/quality/task-distill.json")
 TASKS = Path("benchmarks/quality/tasks/tasks.json")  # the suite's task files, with each one's bag-of-words baseline
 SEPARATION = Path("docs/quality/suite-separation.json")  # MiniLM against bag-of-words on 500 train, with chance
 HEADLINE = "distilbert-512-gb4096-mb64"  # the preset as shipped: 4096-sequence batches, 64 x 64 by accumulation
@@ -207,6 +208,7 @@ def readme_table() -> str:
             f"{mlm['teacher']['mlm_accuracy']:.3f}, copied layers {accuracy[f'{family}-f']:.3f}, L_mlm from scratch "
             f"{accuracy[f'{family}-e']:.3f}) | `{ABLATION}/` |"
         )
+    rows += [separation_row(), task_distill_row()]
     if demo is not None:
         cpus, setup = demo["machine"]["cpus"], demo.get("setup")
         setup_note = f"; `make setup` first: {minutes(setup['seconds'])} (downloads included)" if setup else ""
@@ -214,6 +216,37 @@ def readme_table() -> str:
             f"| how long `make demo` takes | {demo_line()} after setup, on {cpus} CPUs{setup_note} | `{DEMO_TIME}` |"
         )
     return "\n".join(rows)
+
+
+def said(difference: dict, first: str, second: str) -> str:
+    """``+0.087 [+0.066, +0.107]: MiniLM better``: a difference, its 95 % interval and its verdict, in words."""
+    low, high = difference["ci95"]
+    verdict = difference["verdict"].replace("first", first).replace("second", second)
+    return f"{difference['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}"
+
+
+def separation_row() -> str:
+    report = load(SEPARATION)["report"]
+    [difference] = report["differences"]
+    return (
+        f"| does the evaluation suite tell a pretrained encoder from word counts? (all-MiniLM-L6-v2 against "
+        f"bag-of-words on the same {report['config']['train_size']} training examples a task) | skill above chance, "
+        f"MiniLM - bag-of-words {said(difference, 'MiniLM', 'bag-of-words')} (95 % interval, test split) "
+        f"| `{SEPARATION}` |"
+    )
+
+
+def task_distill_row() -> str:
+    result = load(TASK_DISTILL)
+    by_pair = {(d["first"], d["second"]): d for d in result["differences"]}
+    alone = by_pair[("task-distilled", "fine-tuned alone")]
+    control = by_pair[("task-distilled + augmentation", "fine-tuned on the augmented data")]
+    return (
+        f"| does task distillation pay? (TinyBERT's second stage, a 2-layer MiniLM student, `{result['task']}`, "
+        f"{result['sizes']['train']} training examples, seeds {result['config']['seeds']}) | test {result['metric']}, "
+        f"distilled - fine-tuned alone {said(alone, 'distilled', 'fine-tuned')}; with augmentation - fine-tuned on "
+        f"the same augmented data {said(control, 'distilled', 'fine-tuned')} | `{TASK_DISTILL}` |"
+    )
 
 
 def suite_time_table() -> str:
