@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.demo_time import minutes  # noqa: E402
 from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
+from trainer.commands.suite_statistics import described  # noqa: E402
 
 THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
@@ -218,20 +219,13 @@ def readme_table() -> str:
     return "\n".join(rows)
 
 
-def said(difference: dict, first: str, second: str) -> str:
-    """``+0.087 [+0.066, +0.107]: MiniLM better``: a difference, its 95 % interval and its verdict, in words."""
-    low, high = difference["ci95"]
-    verdict = difference["verdict"].replace("first", first).replace("second", second)
-    return f"{difference['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}"
-
-
 def separation_row() -> str:
     report = load(SEPARATION)["report"]
     [difference] = report["differences"]
     return (
         f"| does the evaluation suite tell a pretrained encoder from word counts? (all-MiniLM-L6-v2 against "
         f"bag-of-words on the same {report['config']['train_size']} training examples a task) | skill above chance, "
-        f"MiniLM - bag-of-words {said(difference, 'MiniLM', 'bag-of-words')} (95 % interval, test split) "
+        f"MiniLM - bag-of-words {described(difference, 'MiniLM', 'bag-of-words')} (95 % interval, test split) "
         f"| `{SEPARATION}` |"
     )
 
@@ -244,8 +238,8 @@ def task_distill_row() -> str:
     return (
         f"| does task distillation pay? (TinyBERT's second stage, a 2-layer MiniLM student, `{result['task']}`, "
         f"{result['sizes']['train']} training examples, seeds {result['config']['seeds']}) | test {result['metric']}, "
-        f"distilled - fine-tuned alone {said(alone, 'distilled', 'fine-tuned')}; with augmentation - fine-tuned on "
-        f"the same augmented data {said(control, 'distilled', 'fine-tuned')} | `{TASK_DISTILL}` |"
+        f"distilled - fine-tuned alone {described(alone, 'distilled', 'fine-tuned')}; with augmentation - "
+        f"fine-tuned on the same augmented data {described(control, 'distilled', 'fine-tuned')} | `{TASK_DISTILL}` |"
     )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from safetensors import safe_open
 
 from common.atomic import write_text_atomically
+from trainer.commands.suite_statistics import described
 
 FAMILIES = {
     "bert": "the BERT teacher pretrained here (teacher: null, L_mlm)",
@@ -123,11 +124,7 @@ def comparison_lines(found: list[dict[str, Any]], label: dict[str, str] | None =
     label = label or {}
 
     def cell(figure: dict[str, Any] | None, first: str, second: str) -> str:
-        if figure is None:
-            return "not scored"
-        low, high = figure["ci95"]
-        said = figure["verdict"].replace("first", first).replace("second", second)
-        return f"{figure['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
+        return "not scored" if figure is None else described(figure, first, second)
 
     lines = []
     for pair in found:

@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
+from trainer.commands.suite_statistics import described  # noqa: E402
 
 
 def minilm() -> str:
@@ -41,12 +42,10 @@ def table(result: dict) -> str:
         "|---|---:|---:|---:|---|",
     ]
     for name, task in report["tasks"].items():
-        by_task = difference["by_task"][name]
-        low, high = by_task["ci95"]
-        verdict = by_task["verdict"].replace("first", "MiniLM").replace("second", "bag-of-words")
+        by_task = described(difference["by_task"][name], "MiniLM", "bag-of-words")
         rows.append(
             f"| {name} ({task['metric']}) | {task['chance']:.3f} | {encoder['tasks'][name]['mean']:.3f} | "
-            f"{bow['tasks'][name]['mean']:.3f} | {by_task['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict} |"
+            f"{bow['tasks'][name]['mean']:.3f} | {by_task} |"
         )
     low, high = difference["ci95"]
     verdict = difference["verdict"].replace("first", "MiniLM").replace("second", "bag-of-words")

@@ -96,3 +96,11 @@ def verdict(ci: list[float], first: str, second: str) -> str:
     if ci[1] < 0:
         return f"{second} better"
     return "no measurable difference"
+
+
+def described(difference: dict[str, Any], first: str, second: str) -> str:
+    """``+0.087 [+0.066, +0.107]: MiniLM better``: a ``{difference, ci95, verdict}`` record in words, the verdict's
+    "first" and "second" named."""
+    low, high = difference["ci95"]
+    said = difference["verdict"].replace("first", first).replace("second", second)
+    return f"{difference['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
