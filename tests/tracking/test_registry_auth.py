@@ -13,11 +13,16 @@ its admin, credentials in MLflow's usual variables (MLFLOW_TRACKING_USERNAME / M
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import Launch
-from helpers import MlflowServer, record_fault
+from helpers import REPO, MlflowServer, record_fault
 
 pytestmark = pytest.mark.integration
 NAME = "shared-student"
@@ -152,3 +157,39 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
         recovery_s=None,
         steps_redone=None,
     )
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("may_raise_priority", [True, False], ids=["privileged", "unprivileged"])
+def test_a_registration_starved_by_a_busy_node_runs_once_training_ends(
+    auth_server: MlflowServer, tmp_path: Path, may_raise_priority: bool
+) -> None:
+    """While training runs, a registration worker gets only idle CPU time, which a busy node has none of; at the
+    end of training it must get the CPU like any process, raised where the user may and restarted where not
+    (tests/tracking/starved_registration.py says how). The registry refuses the credentials, so a worker that
+    runs at all ends in a second with one line, and the registrar stops: without that end-of-training step the
+    worker would get no CPU until the deadline and say nothing."""
+    root = os.geteuid() == 0
+    if may_raise_priority and not root:
+        pytest.skip("raising a process out of SCHED_IDLE needs CAP_SYS_NICE; this user has none")
+    script = REPO / "tests" / "tracking" / "starved_registration.py"
+    command = [sys.executable, str(script), str(tmp_path), auth_server.uri, "150"]
+    if not may_raise_priority and root:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs util-linux's setpriv to run without CAP_SYS_NICE")
+        # root less CAP_SYS_NICE: what an unprivileged user may do to priorities
+        command = ["setpriv", "--bounding-set", "-sys_nice", *command]
+    env = {**os.environ, "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "not-her-password"}
+    env["PYTHONPATH"] = str(REPO)  # this checkout's registrar, whatever the environment has installed
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+
+    during = result["during"]
+    assert during["worker_running"] and during["policy"] == result["idle_policy"], during  # yielding, as it should
+    assert "error" not in during["log"], during  # and, beside a busy loop, getting nowhere
+    refused = "error: registering the student of step 10: the registry refused the credentials of user 'alice'"
+    assert result["log"].count(refused) == 1, result["log"][-3000:]
+    assert result["closed_after_s"] < 120, result  # the worker ran once training ended, not at the deadline (150 s)
+    assert result["left"] == ["step-00000010"]  # refused: the snapshot stays, with the command to register it
+    assert "register-checkpoints" in done.stderr

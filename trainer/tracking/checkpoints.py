@@ -11,12 +11,19 @@ snapshot is registered and removed, and the registered copy is the exported stud
 A background thread registers the queue, oldest first, through a separate process
 (``python -m trainer register-checkpoints``, :mod:`trainer.commands.register_checkpoints`): exporting
 a student reads every ZeRO partition, which in the training process would take the GIL and the cores
-the loop needs; the process runs only on CPU time the ranks leave idle (Linux's SCHED_IDLE), on no
-GPU. A registry that is down or slow only delays the thread, which retries with backoff
+the loop needs; while training runs, the process runs only on CPU time the ranks leave idle (Linux's
+SCHED_IDLE), on no GPU. A registry that is down or slow only delays the thread, which retries with backoff
 (``mlflow.retry_initial_s`` doubling to ``mlflow.retry_max_s``). The loop never waits for it, except
 once at the end, at most ``mlflow.finish_timeout_s``, so that the versions appear in step order before
 the final student (which the end of training registers, as without this setting); what is still
 queued then is reported with the command that registers it.
+
+At that end the training no longer needs the cores, so the worker stops yielding them: on a node that
+other jobs keep busy, an idle-time worker gets almost no CPU at all (Linux gives SCHED_IDLE a weight of 3
+against a nice-0 thread's 1,024: its imports alone would take an hour), and every registration would
+wait for the end and then time out. The worker in flight is raised to the normal policy; where this user
+may not do that (leaving SCHED_IDLE needs CAP_SYS_NICE), it is stopped and started again at the normal
+policy, which is safe for the reason below.
 
 A killed run's snapshots stay queued, and its relaunch registers them. A registration killed half way
 leaves no version (MLflow creates a version in one request) or a complete one; the process looks for a
@@ -125,6 +132,7 @@ class CheckpointRegistrar:
         self.worker: subprocess.Popen | None = None
         self.lock = threading.Lock()  # between starting a worker (thread) and stopping it at the deadline (close)
         self.stopped = False
+        self.restarting = False  # close() stopped the worker only to start it again at the normal policy
         self.refused = False  # the registry refused this user: no more tries in this run
         self.thread = threading.Thread(target=self.work, name="mlflow-registrar", daemon=True)
         self.thread.start()  # a relaunch's first job: the snapshots its killed predecessor left
@@ -140,7 +148,11 @@ class CheckpointRegistrar:
     def close(self, timeout: float) -> None:
         """Wait at most ``timeout`` seconds for the queue to be registered; report what is left."""
         self.deadline = time.monotonic() + timeout
-        self.closing.set()
+        with self.lock:  # training is over: the worker in flight need not yield the cores any more (docstring)
+            self.closing.set()  # under the lock: a worker started from now on does not yield
+            if self.worker is not None and not stop_yielding(self.worker.pid):
+                self.restarting = True
+                self.worker.terminate()
         self.wakeup.set()
         self.thread.join(timeout)
         with self.lock:  # past the deadline with a worker in flight: stop it (what it registers is whole or absent)
@@ -185,11 +197,15 @@ class CheckpointRegistrar:
             if self.stopped:
                 return False
             self.worker = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-            yield_to_training(self.worker.pid)  # at once: its imports alone are seconds of CPU
+            if not self.closing.is_set():  # training runs: at once, as its imports alone are seconds of CPU
+                yield_to_training(self.worker.pid)
         # A blocking wait: polling with a timeout would wake this thread 20 times a second, and each wake takes
         # the GIL from the training loop. close() stops the worker at the deadline.
         rc = self.worker.wait()
         self.worker = None
+        if self.restarting:  # stopped by close() to run again at the normal policy: not a failure
+            self.restarting = False
+            return self.register_pending()
         if rc == REFUSED:  # no permission: one line, and no more tries in this run (the snapshots stay)
             refused = last_line(self.log_path).removeprefix("error: ")
             log.error("MLflow: %s; no more checkpoints are registered in this run", refused)
@@ -242,6 +258,28 @@ def yield_to_training(pid: int) -> None:
     except (AttributeError, OSError):  # not Linux, or the process has ended already
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, pid, 19)
+
+
+def stop_yielding(pid: int) -> bool:
+    """Undo :func:`yield_to_training` for process ``pid``: the normal policy for each of its threads (the
+    policy is per thread, and threads started since inherited it; the main thread first, as it starts the
+    others). False where this user may not (an unprivileged user cannot leave SCHED_IDLE or lower a nice
+    level); True also when the process has ended."""
+    try:
+        threads = sorted(os.listdir(f"/proc/{pid}/task"), key=lambda tid: int(tid) != pid)
+    except OSError:  # ended and reaped, or no /proc (not Linux: nice 19, which only a privileged user lowers)
+        threads = None
+    try:
+        if threads is None:
+            os.setpriority(os.PRIO_PROCESS, pid, 0)
+        for tid in threads or []:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+    except PermissionError:
+        return False
+    except (ProcessLookupError, AttributeError):  # ended; or a platform without these calls: nothing to undo
+        return True
+    return True
 
 
 def last_line(path: Path) -> str:
