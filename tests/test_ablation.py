@@ -28,8 +28,9 @@ from safetensors.torch import load_file
 
 VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start
 BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
-# MiniLM's at the toy scale: (a), (f) and both with 4 layers; its (b)-(e) take the BERT family's code paths
-MINILM_STUDENTS = ["minilm-a", "minilm-f", "minilm-a4", "minilm-f4", "minilm-a5x"]
+# MiniLM's at the toy scale: (a), (f), both with 4 layers, (a) on 5x the tokens and (a) without attention
+# dropout; its (b)-(e) take the BERT family's code paths
+MINILM_STUDENTS = ["minilm-a", "minilm-f", "minilm-a4", "minilm-f4", "minilm-a5x", "minilm-a0"]
 UNTRAINED = {"bert-f", "minilm-f", "minilm-f4"}
 LONGER = {"minilm-a5x"}  # (a) on 5x the tokens: the second budget
 TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED | LONGER]
@@ -162,7 +163,9 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         ("minilm-a", "minilm-f"),
         ("minilm-a5x", "minilm-f"),
         ("minilm-a4", "minilm-f4"),
+        ("minilm-a0", "minilm-a"),  # what attention dropout off costs
     }
+    assert "student.attention_dropout=0" in rows["minilm-a0"]["command"]
     for (first, second), pair in pairs.items():
         for figure in ("suite_skill", "mlm_accuracy"):
             low, high = pair[figure]["ci95"]

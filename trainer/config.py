@@ -38,6 +38,12 @@ class StudentConfig:
     with the encoder frozen exactly as loaded. With ``init=pretrained`` and L_mlm alone this fits a
     head to a headless encoder (all-MiniLM-L6-v2, any sentence-embedding model) without changing what
     it computes: the result is a teacher with logits, so L_ce and L_mse become possible.
+
+    ``attention_dropout``: the dropout on the student's attention probabilities while it is distilled; null
+    keeps its base config's (``attention_probs_dropout_prob``, 0.1 for BERT and RoBERTa). 0 lets the
+    attention kernels skip drawing a random mask per score. It is a setting of this training alone: the
+    student's saved and exported ``config.json`` keeps the base's value, so that a fine-tune of it
+    regularises as one of its base would.
     """
 
     init: Literal["from_teacher", "random", "pretrained"] = "from_teacher"
@@ -48,6 +54,7 @@ class StudentConfig:
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
     trainable: Literal["all", "head"] = "all"
+    attention_dropout: float | None = None
 
     ARCHITECTURE_KEYS: ClassVar[tuple[str, ...]] = (
         "num_layers",
@@ -82,6 +89,11 @@ class StudentConfig:
             "student.trainable",
             "head freezes the encoder, which student.init=random leaves random; fit a head to a pretrained "
             "(init=pretrained) or copied (init=from_teacher) encoder",
+        )
+        require(
+            self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0,
+            "student.attention_dropout",
+            "must be in [0, 1), or null for the base config's",
         )
         if self.hidden_size is not None and self.num_attention_heads is not None:
             require(

@@ -279,12 +279,14 @@ def build_student(cfg: StudentConfig, teacher: PreTrainedModel | None) -> PreTra
     With ``trainable=head`` all but the head's own parameters are frozen (:func:`freeze_all_but_head`).
     """
     if cfg.init == "pretrained":
-        student = load_pretrained_student(cfg.model)
+        student = load_pretrained_student(cfg.model, cfg.attention_dropout)
     else:
+        config = student_config(cfg, base_config(cfg, None if teacher is None else teacher.config))
         student = AutoModelForMaskedLM.from_config(
-            student_config(cfg, base_config(cfg, None if teacher is None else teacher.config)),
-            attn_implementation="sdpa",
+            with_attention_dropout(config, cfg.attention_dropout), attn_implementation="sdpa"
         )
+        if cfg.attention_dropout is not None:  # the saved config keeps the base's value (with_attention_dropout)
+            student.config.attention_probs_dropout_prob = config.attention_probs_dropout_prob
     if cfg.init == "from_teacher":
         copy_from_teacher(student, teacher, student_layer_map(cfg, teacher.config.num_hidden_layers))
     if cfg.trainable == "head":
@@ -292,8 +294,28 @@ def build_student(cfg: StudentConfig, teacher: PreTrainedModel | None) -> PreTra
     return student
 
 
-def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
-    """``student.model``'s weights as a float32 masked LM in train mode, to be trained further.
+def with_attention_dropout(config: PretrainedConfig, p: float | None) -> PretrainedConfig:
+    """The config to build the student from, with ``student.attention_dropout`` (``p``; None: ``config`` as it is).
+
+    Each attention module takes its dropout from the config once, when it is built, and reads it from its own
+    ``nn.Dropout`` from then on; so the caller builds from this copy and puts the base's value back into the
+    built model's config, which is the one saved and exported (StudentConfig says why).
+    """
+    if p is None:
+        return config
+    require(
+        hasattr(config, "attention_probs_dropout_prob"),
+        "student.attention_dropout",
+        f"model_type {config.model_type!r} has no attention_probs_dropout_prob to set",
+    )
+    built = copy.deepcopy(config)
+    built.attention_probs_dropout_prob = p
+    return built
+
+
+def load_pretrained_student(name_or_path: str, attention_dropout: float | None = None) -> PreTrainedModel:
+    """``student.model``'s weights as a float32 masked LM in train mode, to be trained further
+    (``attention_dropout``: :func:`with_attention_dropout`).
 
     A checkpoint without an MLM head (an encoder such as all-MiniLM-L6-v2) gets a freshly
     initialised head, which the masked-LM loss then trains; any other missing weight is an error,
@@ -303,10 +325,16 @@ def load_pretrained_student(name_or_path: str) -> PreTrainedModel:
     config = student_config(StudentConfig(init="pretrained", model=name_or_path), source)
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(
-            name_or_path, config=config, dtype=torch.float32, attn_implementation="sdpa", output_loading_info=True
+            name_or_path,
+            config=with_attention_dropout(config, attention_dropout),
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+            output_loading_info=True,
         )
     except (OSError, ValueError) as err:
         raise ConfigError(f"student.model: cannot load {name_or_path!r} as a masked LM: {err}") from None
+    if attention_dropout is not None:  # the saved config keeps the base's value (with_attention_dropout)
+        model.config.attention_probs_dropout_prob = config.attention_probs_dropout_prob
     missing = sorted(key for key in info["missing_keys"] if key.split(".")[0] not in MLM_HEAD_ATTRIBUTES)
     if missing:
         raise ConfigError(

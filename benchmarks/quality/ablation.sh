@@ -16,7 +16,8 @@
 #                      "minilm"; the report then has those rows alone (ablation_report.py --merge joins parts)
 #   ABLATION_VARIANTS  the students to train and score for both families, e.g. "a f a5x" (default: the scale's
 #                      lists); a5x is (a) on 5x the students' tokens, the second budget of "does the distillation
-#                      beat the copied layers (f)?"
+#                      beat the copied layers (f)?"; a0 is (a) with student.attention_dropout=0, what dropping the
+#                      attention dropout (faster attention kernels) costs in quality
 #   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
 #   ABLATION_JOBS      steps 2-5 that run at once (default 1: one after another). A step starts as soon as
 #                      what it needs is done: MiniLM's students while the BERT teacher still trains. On one
@@ -66,7 +67,7 @@ case "$SCALE" in
         MLM=(max_batches=2 batch_size=8)
         # MiniLM's (b)-(e) take the code paths of the BERT family's, which the toy runs whole: only (a), (f)
         # and the gpu scale's 4-layer pair (a4, f4), whose layer choice differs
-        MINILM_VARIANTS=(a f a4 f4 a5x)
+        MINILM_VARIANTS=(a f a4 f4 a5x a0)
         ;;
     cpu)
         DOCS=0
@@ -106,8 +107,8 @@ if [ -n "${ABLATION_VARIANTS:-}" ]; then  # both families' students, instead of 
     read -ra VARIANTS <<<"$ABLATION_VARIANTS"
     MINILM_VARIANTS=("${VARIANTS[@]}")
     for variant in "${VARIANTS[@]}"; do
-        case $variant in a | b | c | d | e | f | a4 | f4 | a5x) ;; *)
-            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x)" >&2
+        case $variant in a | b | c | d | e | f | a4 | f4 | a5x | a0) ;; *)
+            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x a0)" >&2
             exit 2
             ;;
         esac
@@ -245,6 +246,8 @@ distil() {
             f) train "$family-f" "$family" "(f) teacher layers, no training" "$STUDENT" teacher="$teacher" max_steps=0 ;;
             a5x) train "$family-a5x" "$family" "(a) on 5x the tokens" "$STUDENT" teacher="$teacher" \
                 max_steps=$((5 * $(student_steps))) ;;
+            a0) train "$family-a0" "$family" "(a) without attention dropout" "$STUDENT" teacher="$teacher" \
+                student.attention_dropout=0 ;;
             a4) train "$family-a4" "$family" "(a) with 4 layers" "$STUDENT" teacher="$teacher" student.num_layers=4 ;;
             f4) train "$family-f4" "$family" "(f) with 4 layers, no training" "$STUDENT" teacher="$teacher" \
                 student.num_layers=4 max_steps=0 ;;

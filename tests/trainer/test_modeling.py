@@ -96,6 +96,46 @@ def test_student_saves_as_a_standard_masked_lm(teacher: BertForMaskedLM, tmp_pat
     torch.testing.assert_close(reloaded(input_ids=ids).logits, student(input_ids=ids).logits)
 
 
+@pytest.mark.parametrize("init", ["from_teacher", "pretrained"])
+def test_attention_dropout_is_set_for_training_and_the_saved_config_keeps_the_base_value(
+    teacher: BertForMaskedLM, tiny_teacher_dir: Path, tmp_path: Path, init: str
+) -> None:
+    """student.attention_dropout=0: in train mode the student computes what it computes in eval mode, once its
+    other dropouts are off; the base's 0.1 does not. The saved config says 0.1, for a fine-tune."""
+    assert teacher.config.attention_probs_dropout_prob > 0
+
+    def trained_as_evaluated(attention_dropout: float | None) -> bool:
+        model = tiny_teacher_dir if init == "pretrained" else None
+        cfg = StudentConfig(init=init, model=str(model) if model else None, attention_dropout=attention_dropout)
+        student = build_student(cfg, teacher)
+        for name, module in student.named_modules():  # every dropout but the attention probabilities' off
+            if isinstance(module, torch.nn.Dropout) and not name.endswith("attention.self.dropout"):
+                module.p = 0.0
+        ids = torch.randint(1000, 30000, (2, 16), generator=torch.Generator().manual_seed(1))
+        torch.manual_seed(0)
+        trained = student.train()(input_ids=ids).logits
+        same = torch.allclose(trained, student.eval()(input_ids=ids).logits, atol=1e-5)
+        student.save_pretrained(tmp_path / f"saved-{attention_dropout}")
+        saved = AutoModelForMaskedLM.from_pretrained(tmp_path / f"saved-{attention_dropout}").config
+        assert saved.attention_probs_dropout_prob == teacher.config.attention_probs_dropout_prob
+        return same
+
+    assert trained_as_evaluated(0.0)
+    assert not trained_as_evaluated(None)
+
+
+def test_attention_dropout_errors_name_the_key() -> None:
+    from transformers import DistilBertConfig
+
+    from trainer.modeling import with_attention_dropout
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match=r"^student\.attention_dropout: must be in \[0, 1\)"):
+            StudentConfig(attention_dropout=bad).validate()
+    with pytest.raises(ConfigError, match=r"^student\.attention_dropout: model_type 'distilbert' has no"):
+        with_attention_dropout(DistilBertConfig(), 0.0)
+
+
 def test_random_student_has_the_explicit_architecture(teacher: BertForMaskedLM) -> None:
     cfg = StudentConfig(init="random", num_layers=3, hidden_size=32, num_attention_heads=2, intermediate_size=48)
     student = build_student(cfg, teacher)

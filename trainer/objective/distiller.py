@@ -40,6 +40,7 @@ from trainer.modeling import (
     mlm_head,
     pad_decoder_rows,
     student_config,
+    with_attention_dropout,
 )
 from trainer.objective.capture import capture, encoder_parts
 from trainer.objective.layer_distillation import LayerDistillation, method_class
@@ -68,6 +69,7 @@ def validate_against_teacher(cfg: TrainConfig, teacher_config: PretrainedConfig 
     """
     base = base_config(cfg.student, teacher_config)
     check_student(cfg.student, base)
+    with_attention_dropout(base, cfg.student.attention_dropout)  # the family must have the setting
     if cfg.student.trainable == "head":
         for name in cfg.objective.LAYER_METHODS:
             require(
