@@ -27,6 +27,8 @@ from trainer.commands.suite_statistics import described  # noqa: E402
 
 THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
+# the MiniLM family at CPU scale under the dev/test protocol: (a), (f), (a5x) and (a0), the pairs with intervals
+CPU_ABLATION = Path("docs/quality/ablation-cpu-2026-11-29")
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
 TASK_DISTILL = Path("docs/quality/task-distill.json")
@@ -46,9 +48,9 @@ def load(path: Path) -> dict:
     return json.loads((REPO / path).read_text(encoding="utf-8"))
 
 
-def variants() -> dict[str, str]:
+def variants(ablation: Path) -> dict[str, str]:
     """Run name (``bert-a``) -> what it is (``(a) L_ce + L_mlm + L_cos, teacher init``): the ablation's runs.tsv."""
-    with open(REPO / ABLATION / "runs.tsv", encoding="utf-8") as handle:
+    with open(REPO / ablation / "runs.tsv", encoding="utf-8") as handle:
         return {row["name"]: row["variant"] for row in csv.DictReader(handle, delimiter="\t")}
 
 
@@ -79,9 +81,11 @@ def speed_table() -> str:
     return "\n".join(rows)
 
 
-def family_table(family: str) -> str:
-    """One family's ablation: suite average and share (raw, as the suite reports it), held-out masked LM."""
-    suite, mlm, names = load(ABLATION / f"suite-{family}.json"), load(ABLATION / f"mlm-{family}.json"), variants()
+def family_table(family: str, ablation: Path = ABLATION) -> str:
+    """One family's ablation (the run's files in ``ablation``): suite average and share, held-out masked LM, and
+    the compared pairs with their intervals where the run has them."""
+    suite, mlm = load(ablation / f"suite-{family}.json"), load(ablation / f"mlm-{family}.json")
+    names = variants(ablation)
     by_run = {run_name(m["model"]): m for m in mlm["models"]}
     tasks = list(suite["tasks"])
     rows = [
@@ -118,12 +122,18 @@ def family_table(family: str) -> str:
         if "protocol" in suite
         else "picked on the same validation split it reports, the share of raw scores"
     )
+    sizes = (  # under the protocol valid_size is the test split
+        f"{config['train_size']} training, {config['dev_size']} dev and {config['valid_size']} test"
+        if "protocol" in suite
+        else f"{config['train_size']} training and {config['valid_size']} validation"
+    )
+    rates = f"each task at the better of rates {config['lrs']}" if config.get("lrs") else f"at rate {config['lr']}"
     rows += [
         "",
-        f"{FAMILIES[family]}. Suite: {config['train_size']} training and {config['valid_size']} validation examples a "
-        f"task, seeds {config['seeds']}, each task at the better of rates {config['lrs']} {picked}; "
+        f"{FAMILIES[family]}. Suite: {sizes} examples a "
+        f"task, seeds {config['seeds']}, {rates} {picked}; "
         f"bag-of-words baseline {baseline}. Masked LM: {mlm['config']['max_batches']} "
-        f"held-out batches of {mlm['config']['batch_size']} on {mlm['device']}. From `{ABLATION}/suite-{family}.json` "
+        f"held-out batches of {mlm['config']['batch_size']} on {mlm['device']}. From `{ablation}/suite-{family}.json` "
         f"and `mlm-{family}.json`.",
     ]
     return "\n".join(rows)
@@ -266,6 +276,7 @@ PAGES = {
     "docs/quality.md": {
         "ablation-bert": lambda: family_table("bert"),
         "ablation-minilm": lambda: family_table("minilm"),
+        "ablation-cpu-minilm": lambda: family_table("minilm", CPU_ABLATION),
         "suite-tasks": suite_tasks_table,
     },
 }

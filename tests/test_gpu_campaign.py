@@ -178,6 +178,12 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         )
     assert all(r["grad_clip"] == 5.0 for r in steps.values() if "error" not in r)  # every step clips as the engine
     assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
+    twin = next(r for r in second["cases"] if r["name"] == "distilbert-128-mb2-attn0")  # attention dropout off
+    assert "student.attention_dropout=0" in twin["overrides"]
+    assert (
+        "Attention dropout off (student.attention_dropout=0) / as the preset, tokens/s: distilbert-128-mb2 "
+        in (tmp_path / "out-2" / "summary.md").read_text()
+    )
     assert "Attention kernels by head size" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "Their rates, TFLOP/s of `plan`'s attention FLOPs" in (tmp_path / "out-2" / "summary.md").read_text()
     assert "The decoder's matmuls at those" in (tmp_path / "out-2" / "summary.md").read_text()

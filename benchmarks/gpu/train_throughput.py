@@ -43,7 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,10 @@ STEP_OVERRIDES = {"project-unpadded": ["objective.vocab_multiple=1"]}  # config 
 HEADLINE = "headline"  # --only's name for the first case of the list
 COMPILED_PROFILED = "distilbert-512-mb32-compiled-profiled"  # the compiled engine step's profile (issue 52)
 COMPILE = ["compile=true"]
+# student.attention_dropout=0 (issue 52): a case's twin with the attention kernels drawing no dropout mask; --only
+# attn0 measures each twin and its base case in one call, for their ratio side by side. What it costs in quality
+# is the ablation's (a0) - (a) (docs/quality.md).
+ATTN0 = "-attn0"
 
 
 def timed_out(timeout: float) -> str:
@@ -157,6 +161,11 @@ def full_cases() -> list[Case]:
     # which is what compiling fuses
     for m in (32, 256):
         cases += [Case(f"distilbert-512-mb{m}-compiled", "distilbert-base", 512, m, overrides=["compile=true"])]
+    cases += [
+        attention_dropout_off(case)
+        for case in cases
+        if case.name in ("distilbert-512-mb32", "distilbert-512-mb32-compiled")
+    ]
     cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
     cases += [Case("minilm-6l-384-512-mb64", "minilm-6l-384", 512, 64)]
     for m in (32, 64):  # 64: the preset's micro-batch since the second campaign
@@ -171,6 +180,11 @@ def full_cases() -> list[Case]:
     return cases
 
 
+def attention_dropout_off(case: Case) -> Case:
+    """The case with the student's attention dropout off, named ``<case>-attn0``."""
+    return replace(case, name=case.name + ATTN0, overrides=[*case.overrides, "student.attention_dropout=0"])
+
+
 def profiled(case: Case) -> Case:
     """The case with its last 3 steps under the profiler (``profile.steps``): where the engine step's time goes.
     Its tokens/s are those of the profiled steps, slowed by the profiler: the profile is the figure."""
@@ -181,6 +195,7 @@ def profiled(case: Case) -> Case:
 def quick_cases() -> list[Case]:
     """The same code paths at CPU size."""
     cases = [Case("distilbert-128-mb2", "distilbert-base", 128, 2, steps=4, log_every=2)]
+    cases += [attention_dropout_off(cases[0])]
     cases += [Case("tinybert-4l-312-128-mb2", "tinybert-4l-312", 128, 2, steps=4, log_every=2)]
     cases += [Case("minilm-6l-384-128-mb2", "minilm-6l-384", 128, 2, steps=4, log_every=2)]
     cases += [Case("distilbert-128-gb8-mb2", "distilbert-base", 128, 2, steps=2, log_every=1, global_batch=8)]
@@ -450,6 +465,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {r['name']} ({' '.join(r['args'])}) | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {mem} | "
             f"{r['host_sync_in_forward_backward']} | {plain(r.get('ops_per_step'))} |"
         )
+    rates = {r["name"]: r.get("tokens_per_s") for r in report["cases"] if r.get("rc") == 0}
+    twins = [(name[: -len(ATTN0)], name) for name in rates if name.endswith(ATTN0) and rates.get(name[: -len(ATTN0)])]
+    if twins and all(rates[twin] for _, twin in twins):
+        ratios = ", ".join(f"{base} **{rates[twin] / rates[base]:.2f}x**" for base, twin in twins)
+        lines += ["", f"Attention dropout off (student.attention_dropout=0) / as the preset, tokens/s: {ratios}"]
     if report.get("naive_ratio"):
         lines += ["", f"Project step / naive step tokens/s: **{report['naive_ratio']:.2f}x**"]
     if report.get("peer_ratio"):
@@ -550,6 +570,8 @@ def main() -> int:
         only.add(cases[0].name)
     if only is not None and "compiled-profiled" in only:  # the compiled engine step's profile, at either size
         only |= {case.name for case in cases if case.name.endswith("-compiled-profiled")}
+    if only is not None and "attn0" in only:  # each attention-dropout twin and its base, side by side
+        only |= {name for case in cases if case.name.endswith(ATTN0) for name in (case.name, case.name[: -len(ATTN0)])}
 
     def wanted(name: str, part: str) -> bool:
         return part in parts and name not in done and (only is None or name in only)
