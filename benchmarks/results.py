@@ -219,7 +219,7 @@ def readme_table() -> str:
             f"{mlm['teacher']['mlm_accuracy']:.3f}, copied layers {accuracy[f'{family}-f']:.3f}, L_mlm from scratch "
             f"{accuracy[f'{family}-e']:.3f}) | `{ABLATION}/` |"
         )
-    rows += [separation_row(), task_distill_row()]
+    rows += [cpu_ablation_row(), separation_row(), task_distill_row()]
     if demo is not None:
         cpus, setup = demo["machine"]["cpus"], demo.get("setup")
         setup_note = f"; `make setup` first: {minutes(setup['seconds'])} (downloads included)" if setup else ""
@@ -227,6 +227,28 @@ def readme_table() -> str:
             f"| how long `make demo` takes | {demo_line()} after setup, on {cpus} CPUs{setup_note} | `{DEMO_TIME}` |"
         )
     return "\n".join(rows)
+
+
+def cpu_ablation_row() -> str:
+    """The compared pairs of the MiniLM family at CPU scale, each difference with its interval and verdict."""
+    suite, mlm = load(CPU_ABLATION / "suite-minilm.json"), load(CPU_ABLATION / "mlm-minilm.json")
+    tokens = {row["name"]: row["tokens"] for row in load(CPU_ABLATION / "ablation.json")["rows"]}
+    short = {name: f"({name.removeprefix('minilm-')})" for name in tokens}
+
+    def pair(found: dict, key: str) -> str:
+        first, second = short[found["first"]], short[found["second"]]
+        return f"{first} - {second} {described(found[key], first, second)}"
+
+    found = comparisons("minilm", suite, mlm)
+    return (
+        f"| does the distillation beat the copied layers (f)? (a 3-layer student of {FAMILIES['minilm']}, CPU scale: "
+        f"(a) on {tokens['minilm-a'] / 1e6:.2f}M tokens, (a5x) on {tokens['minilm-a5x'] / 1e6:.2f}M; (a0): (a) "
+        f"without attention dropout; suite seeds {suite['config']['seeds']}) | suite skill above chance: "
+        + "; ".join(pair(f, "suite_skill") for f in found)
+        + ". Held-out masked-LM accuracy: "
+        + "; ".join(pair(f, "mlm_accuracy") for f in found)
+        + f" | `{CPU_ABLATION}/` |"
+    )
 
 
 def separation_row() -> str:
