@@ -17,7 +17,8 @@
 #   ABLATION_VARIANTS  the students to train and score for both families, e.g. "a f a5x" (default: the scale's
 #                      lists); a5x is (a) on 5x the students' tokens, the second budget of "does the distillation
 #                      beat the copied layers (f)?"; a0 is (a) with student.attention_dropout=0, what dropping the
-#                      attention dropout (faster attention kernels) costs in quality
+#                      attention dropout (faster attention kernels) costs in quality; h (L_cos alone: the hidden
+#                      states, no L_ce or L_mlm) and al ((a) at lr 1e-4) ask why (a) does not beat (f) where it does not
 #   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
 #   ABLATION_JOBS      steps 2-5 that run at once (default 1: one after another). A step starts as soon as
 #                      what it needs is done: MiniLM's students while the BERT teacher still trains. On one
@@ -108,8 +109,8 @@ if [ -n "${ABLATION_VARIANTS:-}" ]; then  # both families' students, instead of 
     read -ra VARIANTS <<<"$ABLATION_VARIANTS"
     MINILM_VARIANTS=("${VARIANTS[@]}")
     for variant in "${VARIANTS[@]}"; do
-        case $variant in a | b | c | d | e | f | a4 | f4 | a5x | a0) ;; *)
-            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x a0)" >&2
+        case $variant in a | b | c | d | e | f | a4 | f4 | a5x | a0 | h | al) ;; *)
+            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x a0 h al)" >&2
             exit 2
             ;;
         esac
@@ -249,6 +250,9 @@ distil() {
                 max_steps=$((5 * $(student_steps))) ;;
             a0) train "$family-a0" "$family" "(a) without attention dropout" "$STUDENT" teacher="$teacher" \
                 student.attention_dropout=0 ;;
+            h) train "$family-h" "$family" "(h) L_cos alone, teacher init" "$STUDENT" teacher="$teacher" objective.ce=0 \
+                objective.mlm=0 ;;
+            al) train "$family-al" "$family" "(a) at lr 1e-4" "$STUDENT" teacher="$teacher" optimizer.lr=1e-4 ;;
             a4) train "$family-a4" "$family" "(a) with 4 layers" "$STUDENT" teacher="$teacher" student.num_layers=4 ;;
             f4) train "$family-f4" "$family" "(f) with 4 layers, no training" "$STUDENT" teacher="$teacher" \
                 student.num_layers=4 max_steps=0 ;;

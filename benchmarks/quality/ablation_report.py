@@ -39,8 +39,9 @@ FAMILIES = {
 TEACHER_STEPS = {"bert": "teacher", "minilm": "minilm-head"}  # the step that trained each family's teacher
 # The pairs the report compares, each where both of its runs were scored. Does the distillation beat the
 # teacher's layers it starts from, copied and left untrained? (a) and (a5x, 5x the tokens) against (f); (a4)
-# against (f4). What does training without attention dropout cost? (a0) against (a).
-QUESTIONS = [("a", "f"), ("a5x", "f"), ("a4", "f4"), ("a0", "a")]
+# against (f4); and, to find out why where it does not, L_cos alone (h) and (a) at a lower rate (al) against (f).
+# What does training without attention dropout cost? (a0) against (a).
+QUESTIONS = [("a", "f"), ("a5x", "f"), ("a4", "f4"), ("h", "f"), ("al", "f"), ("a0", "a")]
 
 
 def encoder_params(model_dir: Path) -> int:
