@@ -243,7 +243,8 @@ def cpu_ablation_row() -> str:
     return (
         f"| does the distillation beat the copied layers (f)? (a 3-layer student of {FAMILIES['minilm']}, CPU scale: "
         f"(a) on {tokens['minilm-a'] / 1e6:.2f}M tokens, (a5x) on {tokens['minilm-a5x'] / 1e6:.2f}M; (a0): (a) "
-        f"without attention dropout; suite seeds {suite['config']['seeds']}) | suite skill above chance: "
+        f"without attention dropout; (h): L_cos alone; (al): (a) at lr 1e-4; suite seeds {suite['config']['seeds']}) "
+        "| suite skill above chance: "
         + "; ".join(pair(f, "suite_skill") for f in found)
         + ". Held-out masked-LM accuracy: "
         + "; ".join(pair(f, "mlm_accuracy") for f in found)
