@@ -99,6 +99,33 @@ def test_a_fast_budget_is_itself_a_limit(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*over its fast_budget of 0.2 s*"])
 
 
+def test_the_whole_run_is_printed_against_its_budget_and_fails_above_its_limit(suite: pytest.Pytester) -> None:
+    within = suite.runpytest("--suite-budget=60", "--suite-limit=120", "-m", "full")
+    within.assert_outcomes(passed=1, deselected=6)
+    assert within.ret == 0
+    within.stdout.fnmatch_lines(["whole run: * s (budget 60 s, fails above 120 s)"])
+    assert "over the budget" not in within.stdout.str()
+
+    # The one selected test sleeps 0.6 s, so the run is over a 0.3 s budget and a 0.5 s limit: every test passes,
+    # yet the session fails, and the summary names where the time went.
+    over = suite.runpytest("--suite-budget=0.3", "--suite-limit=0.5", "-m", "full")
+    over.assert_outcomes(passed=1, deselected=6)
+    assert over.ret == pytest.ExitCode.TESTS_FAILED
+    over.stdout.fnmatch_lines(
+        [
+            "whole run: * s (budget 0.3 s, fails above 0.5 s)",
+            "over the budget by * s; the slowest full-tier tests:",
+            "  1 s test_suite.py::test_slow_in_the_full_tier",
+            "FAILED: the whole run took * s, over its limit of 0.5 s",
+        ]
+    )
+
+    # Over the budget alone is a warning, not a failure.
+    warned = suite.runpytest("--suite-budget=0.3", "-m", "full")
+    assert warned.ret == 0
+    warned.stdout.fnmatch_lines(["whole run: * s (budget 0.3 s)", "over the budget by * s; *"])
+
+
 def test_without_a_limit_nothing_is_guarded_or_summarised(suite: pytest.Pytester) -> None:
     result = suite.runpytest()
     result.assert_outcomes(passed=6, failed=1)

@@ -12,11 +12,16 @@ fixture (module or session scope: the tiny dataset's Beam pipeline, the MLflow s
 whichever test needs it first, so it is not that test's cost; the summary lists the costliest of them.
 The fast tier's whole time is printed at the end beside its target (docs/benchmarks.md, "The test
 suite's time").
+
+The whole suite has a budget too (``--suite-budget``, ``--suite-limit``; ``make test-all`` passes both). The summary
+prints the whole run's time against the budget and names the slowest full-tier tests once it is over, so that growth is
+seen long before CI's own limit; above the limit the session fails, even with every test passed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -38,6 +43,9 @@ class Session:
     tests: dict[str, float] = field(default_factory=dict)  # fast-tier test -> seconds counted against it
     full_tests: dict[str, float] = field(default_factory=dict)  # full-tier test -> its seconds, the same way
     over: list[str] = field(default_factory=list)  # tests the guard failed
+    budget: float | None = None  # the whole run's budget: over it the summary warns
+    hard_limit: float | None = None  # the whole run's limit: over it the session fails
+    wall: float | None = None  # the whole run's seconds, read once when the session finishes
 
 
 SESSION = pytest.StashKey[Session]()
@@ -51,10 +59,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="fail a test that takes longer than SECONDS (its call and its own fixtures): the fast tier's guard",
     )
+    parser.addoption(
+        "--suite-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="print the whole run's time against SECONDS, and its slowest full-tier tests when over",
+    )
+    parser.addoption(
+        "--suite-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail the session when the whole run takes longer than SECONDS",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[SESSION] = Session(limit=config.getoption("fast_tier_limit"), started=time.monotonic())
+    config.stash[SESSION] = Session(
+        limit=config.getoption("fast_tier_limit"),
+        started=time.monotonic(),
+        budget=config.getoption("suite_budget"),
+        hard_limit=config.getoption("suite_limit"),
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -102,13 +129,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Before the terminal reporter's own sessionfinish, which prints the summary below: the exit status set here
+    # is the one pytest returns.
+    tiers = session.config.stash[SESSION]
+    tiers.wall = time.monotonic() - tiers.started
+    if tiers.hard_limit is not None and tiers.wall > tiers.hard_limit and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash[SESSION]
-    if session.limit is None:
+    if session.limit is None and session.budget is None:
         return
-    wall = time.monotonic() - session.started
+    wall = session.wall if session.wall is not None else time.monotonic() - session.started
     write = terminalreporter.write_line
     terminalreporter.section("test tiers")
+    if session.limit is not None:
+        summarise_fast_tier(write, session, wall)
+    if session.budget is not None or session.hard_limit is not None:
+        summarise_whole_run(write, session, wall)
+
+
+def summarise_fast_tier(write: Callable[[str], None], session: Session, wall: float) -> None:
     fast = f"fast tier: {len(session.tests)} tests"
     if not session.full_tests:
         write(f"{fast} in {wall:.0f} s (target {FAST_TIER_TARGET_S} s on 2 cores)")
@@ -121,3 +165,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         write(f"  shared fixture {name}: {seconds:.1f} s")
     if not session.full_tests and wall > FAST_TIER_TARGET_S:
         write(f"the fast tier took longer than its target of {FAST_TIER_TARGET_S} s: move its slowest tests to full")
+
+
+def summarise_whole_run(write: Callable[[str], None], session: Session, wall: float) -> None:
+    """The whole run against its budget and limit; over the budget, where the time went."""
+    budget = f"budget {session.budget:g} s" if session.budget is not None else "no budget"
+    limit = f", fails above {session.hard_limit:g} s" if session.hard_limit is not None else ""
+    write(f"whole run: {wall:.0f} s ({budget}{limit})")
+    if session.budget is not None and wall > session.budget:
+        write(f"over the budget by {wall - session.budget:.0f} s; the slowest full-tier tests:")
+        for name, seconds in sorted(session.full_tests.items(), key=lambda kv: -kv[1])[:5]:
+            write(f"  {seconds:.0f} s {name}")
+    if session.hard_limit is not None and wall > session.hard_limit:
+        write(f"FAILED: the whole run took {wall:.0f} s, over its limit of {session.hard_limit:g} s")
