@@ -48,10 +48,13 @@ esac
 WORK=$OUT/$MODE
 rm -rf "$WORK"
 mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+PY=${PYTHON:-.venv/bin/python}
+# absolute, since some calls below run from other directories
+[ -d "$(dirname "$PY")" ] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 
 case $MODE in
 cpu)
-    PY=${PYTHON:-.venv/bin/python}
     need .gpu/data-128 gpu-data
     ENCODER_DISTILL_GPU_TESTS_ON=cpu ENCODER_DISTILL_GPU_DATA=.gpu/data-128 "$PY" -m pytest -m gpu tests/gpu
     PATH=$(dirname "$PY"):$PATH PYTHON=$PY SKIP_WHEELS=1 THROUGHPUT_ARGS=--quick GPU_CAMPAIGN_STATE=$WORK/state \
@@ -67,10 +70,10 @@ gpu-venv)
     ;;
 device-venv)
     need .device-venv/bin/python device-venv
-    # the ablation's toy-scale inputs, made with the .venv (Beam, MiniLM) as `make gpu-ablation` makes the real
+    # the ablation's toy-scale inputs, made with PYTHON's environment (Beam, MiniLM) as `make gpu-ablation` makes the real
     # ones, the carried wheels beside them as in .gpu-ablation/
-    PATH=$ROOT/.venv/bin:$PATH PYTHON=.venv/bin/python PY=.venv/bin/python ABLATION_SCALE=toy SKIP_WHEELS=1 \
-        GPU_ABLATION_WORK=$WORK/prepare bash benchmarks/quality/gpu_prepare.sh "$WORK/abl-inputs"
+    PATH=$(dirname "$PY"):$PATH PYTHON=$PY PY=$PY ABLATION_SCALE=toy SKIP_WHEELS=1 \
+        GPU_ABLATION_WORK=$WORK/prepare GPU_INPUTS_XZ_PRESET=1 bash benchmarks/quality/gpu_prepare.sh "$WORK/abl-inputs"
     cp -r .gpu/wheels "$WORK/abl-inputs/wheels"
     export PATH=$ROOT/.device-venv/bin:$PATH PYTHON=$ROOT/.device-venv/bin/python ENCODER_DISTILL_GPU_TESTS_ON=cpu
     # the first call, its budget cut short; the second continues from the same state
@@ -83,7 +86,6 @@ device-venv)
         bash benchmarks/quality/gpu_run.sh "$WORK/abl" minilm
     ;;
 fair)
-    PY=${PYTHON:-.venv/bin/python}
     "$PY" -m pip install -q --no-deps --target "$WORK/peer-site" .gpu/wheels/textbrewer-*.whl tensorboard absl-py
     PATH=$(dirname "$PY"):$PATH PYTHONPATH=$WORK/peer-site PYTHON=$PY SKIP_WHEELS=1 \
         THROUGHPUT_ARGS="--quick --work $WORK/tt-work" GPU_CAMPAIGN_STATE=$WORK/state GPU_RUN_BUDGET_S=900 \
