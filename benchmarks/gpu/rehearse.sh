@@ -19,7 +19,8 @@
 #
 # Each mode starts from an empty $OUT/MODE (default OUT: /tmp/rehearse), as a bare machine does, and leaves there
 # each call's OUTDIR (the files a device call returns) and state. PYTHON (default .venv/bin/python) is the
-# interpreter of the `cpu` and `fair` modes. Every mode needs .gpu/ (`make gpu-wheels gpu-data`) but `suite`.
+# interpreter of the `cpu` and `fair` modes and of device-venv's toy inputs. Every mode but `suite` needs .gpu/
+# (`make gpu-wheels gpu-data`).
 # The commands, what they showed when last run, and what only they found: docs/gpu-machine.md ("Before a GPU
 # session") and docs/log/gpu-machine.md. `suite` and `py312-suite` take about half an hour on 2 cores.
 set -euo pipefail
