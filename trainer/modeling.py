@@ -21,7 +21,7 @@ A student is made in one of three ways (``student.init``):
 
 Everything here also works on the ``meta`` device, so ``plan`` sizes a run from the teacher's
 ``config.json`` alone, with no weights and no memory (the parameter and FLOP arithmetic lives in
-``trainer.commands.plan``).
+``trainer.planning.plan``).
 """
 
 from __future__ import annotations

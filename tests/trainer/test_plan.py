@@ -12,9 +12,9 @@ from helpers import engine_probe
 from common.cli import run_cli
 from common.config import ConfigError, load_config
 from trainer.__main__ import main as trainer_main
-from trainer.commands import plan
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.planning import plan
 
 REPO = Path(__file__).resolve().parents[2]
 BERT_BASE = REPO / "configs" / "teachers" / "bert-base-uncased"

@@ -15,10 +15,10 @@ import pytest
 from helpers import engine_probe
 
 from common.config import ConfigError, load_config
-from trainer.commands import plan
-from trainer.commands.plan_cluster import Cluster, Sizing, checkpoint_bytes, communication
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.planning import plan
+from trainer.planning.cluster import Cluster, Sizing, checkpoint_bytes, communication
 from trainer.runtime.engine import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 How much of the teacher a student keeps, in one table. Each MODEL (a local Hugging Face directory
 or ``models:/NAME@ALIAS``; the first is the reference, normally the teacher) is fine-tuned on each
 task of a fixed suite (``benchmarks/quality/tasks/``, built by ``benchmarks/quality/make_tasks.py``,
-described in docs/quality.md) with each seed, through :func:`trainer.commands.finetune.finetune`,
+described in docs/quality.md) with each seed, through :func:`trainer.finetuning.finetune.finetune`,
 the same code a downstream team runs.
 
 The protocol keeps the reported numbers clean of every choice: each task has a *train* split (the first
@@ -14,11 +14,11 @@ score as mean ± spread over the seeds (the spread is max - min), the average of
 (the mean over tasks of the score above chance: what a constant predictor scores on the same test examples)
 and each model's *share* of the first model's skill, with a 95 % paired bootstrap interval over the test
 examples and the seeds; then every pair of models' difference of skill with its interval, written "no
-measurable difference" when the interval holds zero (:mod:`trainer.commands.suite_statistics`). It also
+measurable difference" when the interval holds zero (:mod:`trainer.evaluation.suite_statistics`). It also
 gives each task's chance level and bag-of-words baseline (stored with the tasks).
 
 ``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
-last hidden states, a cross-validated ridge model; :mod:`trainer.commands.probe`): deterministic, so
+last hidden states, a cross-validated ridge model; :mod:`trainer.evaluation.probe`): deterministic, so
 one fit per task on all the data by default (``METHOD_DEFAULTS``), at about a forward pass's cost, and a
 difference between two models is never the seed's. It measures only what a linear model reads from
 the frozen representation; fine-tuning (the default) is what a user will do with a student.
@@ -83,11 +83,11 @@ from typing import Any, Literal
 from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
-from trainer.commands import bag_of_words
-from trainer.commands import suite_statistics as stats
-from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
-from trainer.commands.probe import probe
 from trainer.config import MlflowConfig
+from trainer.evaluation import bag_of_words
+from trainer.evaluation import suite_statistics as stats
+from trainer.evaluation.probe import probe
+from trainer.finetuning.finetune import PRIMARY_METRIC, FinetuneConfig, finetune
 from trainer.runtime.cpus import usable_cpus
 from trainer.tracking.tracker import RunSpec, open_tracker
 

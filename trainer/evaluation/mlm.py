@@ -51,8 +51,8 @@ from common.atomic import write_text_atomically
 from common.cli import split_model_args
 from common.config import load_config, require
 from common.tokenizer import load_tokenizer, tokenizer_identity
-from trainer.commands.suite_statistics import SEED, interval, verdict
 from trainer.config import MaskingConfig, ObjectiveConfig
+from trainer.evaluation.suite_statistics import SEED, interval, verdict
 from trainer.modeling import has_mlm_head, load_model_config, load_teacher
 from trainer.objective.distiller import Distiller, eval_metrics
 from trainer.objective.masking import DynamicMasker

@@ -50,7 +50,8 @@ from torch import nn
 from common.atomic import atomic_directory, write_text_atomically
 from common.cli import split_config_args
 from common.config import ConfigError, flatten, load_config, require, to_dict
-from trainer.commands.finetune import (
+from trainer.config import MiniLmConfig, MlflowConfig, PkdConfig, TinyBertConfig
+from trainer.finetuning.finetune import (
     PRIMARY_METRIC,
     TASKS,
     Split,
@@ -63,7 +64,6 @@ from trainer.commands.finetune import (
     resolve_model,
     save_model,
 )
-from trainer.config import MiniLmConfig, MlflowConfig, PkdConfig, TinyBertConfig
 from trainer.objective.capture import capture
 from trainer.objective.layer_distillation import LayerDistillation, layer_term_weights
 from trainer.objective.losses import kl_distillation_loss, logit_mse_loss

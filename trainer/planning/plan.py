@@ -38,7 +38,6 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
-from trainer.commands.plan_cluster import ASSUMPTIONS, Cluster, Sizing, cluster_plan
 from trainer.config import ObjectiveConfig, TrainConfig
 from trainer.modeling import (
     base_config,
@@ -60,6 +59,7 @@ from trainer.objective.distiller import (
 )
 from trainer.objective.layer_distillation import layer_term_weights
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
+from trainer.planning.cluster import ASSUMPTIONS, Cluster, Sizing, cluster_plan
 from trainer.runtime.data import read_manifest
 from trainer.runtime.engine import deepspeed_config
 
