@@ -7,7 +7,7 @@
 # --local_rank=N CONFIG.yaml ...` per rank, Python reads that line as a string and runs the code
 # below. RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment, so
 # the --local_rank argument is dropped. A first argument `task-distill` runs task-specific
-# distillation (trainer/finetuning/task_distill.py), `finetune` fine-tuning (trainer/finetuning/finetune.py),
+# distillation (trainer/commands/task_distill.py), `finetune` fine-tuning (trainer/commands/finetune.py),
 # instead of pre-training distillation.
 import sys
 from pathlib import Path
@@ -18,11 +18,11 @@ from common.cli import exit_process, run_cli
 
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
 if args[:1] == ["task-distill"]:
-    from trainer.finetuning.task_distill import main
+    from trainer.commands.task_distill import main
 
     args = args[1:]
 elif args[:1] == ["finetune"]:
-    from trainer.finetuning.finetune import main
+    from trainer.commands.finetune import main
 
     args = args[1:]
 else:

@@ -14,16 +14,16 @@ from common.cli import exit_process, run_cli
 
 COMMANDS = {
     "train": ("trainer.commands.train", "distil a student (normally started by `deepspeed launch/run.sh`)"),
-    "plan": ("trainer.planning.plan", "validate a config and size the run without training"),
+    "plan": ("trainer.commands.plan", "validate a config and size the run without training"),
     "export": ("trainer.commands.export", "write a Hugging Face model directory from a checkpoint"),
     "pull": ("trainer.tracking.pull", "download a registered student (models:/NAME@ALIAS) to a directory"),
-    "finetune": ("trainer.finetuning.finetune", "fine-tune a student on a text-classification dataset"),
+    "finetune": ("trainer.commands.finetune", "fine-tune a student on a text-classification dataset"),
     "register": ("trainer.tracking.registry", "register an exported student in the MLflow model registry"),
     "promote": ("trainer.tracking.registry", "point an alias at a registered student version"),
     "register-checkpoints": ("trainer.commands.register_checkpoints", "register a run's queued checkpoint students"),
-    "task-distill": ("trainer.finetuning.task_distill", "distil a fine-tuned teacher into a student on a task's data"),
-    "evaluate-mlm": ("trainer.evaluation.mlm", "held-out masked-LM accuracy, perplexity, top-1 agreement"),
-    "evaluate-suite": ("trainer.evaluation.suite", "fine-tune models on the evaluation suite, one table"),
+    "task-distill": ("trainer.commands.task_distill", "distil a fine-tuned teacher into a student on a task's data"),
+    "evaluate-mlm": ("trainer.commands.evaluate_mlm", "held-out masked-LM accuracy, perplexity, top-1 agreement"),
+    "evaluate-suite": ("trainer.commands.evaluate_suite", "fine-tune models on the evaluation suite, one table"),
 }
 
 

@@ -20,7 +20,8 @@ from types import ModuleType
 import pytest
 
 from common.config import ConfigError, load_config
-from trainer.evaluation.suite import TASKS_DIR, SuiteConfig, evaluate_suite, main
+from trainer.commands.evaluate_suite import main
+from trainer.evaluation.suite import TASKS_DIR, SuiteConfig, evaluate_suite
 
 MANIFEST = json.loads((TASKS_DIR / "tasks.json").read_text(encoding="utf-8"))["tasks"]
 

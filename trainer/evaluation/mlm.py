@@ -48,8 +48,7 @@ import numpy as np
 import torch
 
 from common.atomic import write_text_atomically
-from common.cli import split_model_args
-from common.config import load_config, require
+from common.config import require
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.config import MaskingConfig, ObjectiveConfig
 from trainer.evaluation.suite_statistics import SEED, interval, verdict
@@ -85,19 +84,6 @@ class EvaluateMlmConfig:
             "masking.frequency_smoothing",
             "held-out scores use a uniform mask, the one every model can be compared on; leave it null",
         )
-
-
-def main(argv: list[str]) -> int:
-    config, overrides = split_model_args(argv, __doc__)
-    cfg = load_config(EvaluateMlmConfig, config, overrides)
-    report = evaluate_mlm(cfg)
-    for entry in report["models"]:
-        print(format_line(entry))
-    for difference in report["differences"]:
-        print(format_difference(difference))
-    if cfg.output:
-        print(f"written to {cfg.output}")
-    return 0
 
 
 def evaluate_mlm(cfg: EvaluateMlmConfig) -> dict[str, Any]:

@@ -81,8 +81,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.atomic import write_text_atomically
-from common.cli import split_model_args
-from common.config import ConfigError, flatten, from_dict, load_config, require, to_dict
+from common.config import ConfigError, flatten, from_dict, require, to_dict
 from trainer.config import MlflowConfig
 from trainer.evaluation import bag_of_words
 from trainer.evaluation import suite_statistics as stats
@@ -167,15 +166,6 @@ class SuiteConfig:
         """This config with each unset size and the seeds taken from ``METHOD_DEFAULTS[method]``."""
         unset = {key: value for key, value in METHOD_DEFAULTS[self.method].items() if getattr(self, key) is None}
         return dataclasses.replace(self, **unset)
-
-
-def main(argv: list[str]) -> int:
-    config, overrides = split_model_args(argv, __doc__)
-    cfg = load_config(SuiteConfig, config, overrides)
-    report = evaluate_suite(cfg)
-    print(format_table(report))
-    print(f"written to {cfg.output}")
-    return 0
 
 
 def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:

@@ -38,8 +38,7 @@ import torch
 import yaml
 
 from common.atomic import atomic_directory, write_text_atomically
-from common.cli import split_config_args
-from common.config import ConfigError, flatten, load_config, require, to_dict
+from common.config import ConfigError, flatten, require, to_dict
 from trainer.config import MlflowConfig
 from trainer.runtime.metrics import duration
 from trainer.runtime.optim import build_scheduler, param_groups
@@ -100,19 +99,6 @@ class Split:
     def subset(self, indices: list[int]) -> Split:
         pairs = None if self.pairs is None else [self.pairs[i] for i in indices]
         return Split([self.texts[i] for i in indices], [self.labels[i] for i in indices], pairs)
-
-
-def main(argv: list[str]) -> int:
-    path, overrides = split_config_args(argv, __doc__)
-    cfg = load_config(FinetuneConfig, path, overrides)
-    result = finetune(cfg, config_path=path)
-    if not result:  # a rank other than 0: rank 0 reports
-        return 0
-    if cfg.task == "regression":
-        print(f"validation pearson {result['pearson']:.4f} spearman {result['spearman']:.4f} ({result['total']})")
-    else:
-        print(f"validation accuracy {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
-    return 0
 
 
 def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, Any]:

@@ -48,8 +48,7 @@ import yaml
 from torch import nn
 
 from common.atomic import atomic_directory, write_text_atomically
-from common.cli import split_config_args
-from common.config import ConfigError, flatten, load_config, require, to_dict
+from common.config import ConfigError, flatten, require, to_dict
 from trainer.config import MiniLmConfig, MlflowConfig, PkdConfig, TinyBertConfig
 from trainer.finetuning.finetune import (
     PRIMARY_METRIC,
@@ -163,20 +162,6 @@ class TaskDistillConfig:
 
 def layer_term_names(stage: LayerStageConfig) -> list[str]:
     return list(layer_term_weights(stage))
-
-
-def main(argv: list[str]) -> int:
-    path, overrides = split_config_args(argv, __doc__)
-    cfg = load_config(TaskDistillConfig, path, overrides)
-    result = task_distill(cfg, config_path=path)
-    if result:
-        metric = PRIMARY_METRIC[cfg.task]
-        tested = f"; test {metric} {result['test'][metric]:.4f}" if "test" in result else ""
-        print(
-            f"best validation {metric} {result[metric]:.4f} at step {result['best_step']}{tested}; "
-            f"model in {result['model']}"
-        )
-    return 0
 
 
 # ----------------------------------------------------------------------------------------------- models
