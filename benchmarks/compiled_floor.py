@@ -65,7 +65,6 @@ from benchmarks.step_floor import (
 )
 from common.cli import run_cli
 from common.config import ConfigError
-from trainer.commands.plan import meta_distiller, step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import (
     base_config,
@@ -77,6 +76,7 @@ from trainer.modeling import (
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
+from trainer.planning.plan import meta_distiller, step_flops_per_token
 from trainer.runtime.profiling import op_category
 
 # The two micro-batches a CPU count compiles: 1 is specialised as a broadcast size, and at 2 Inductor fused the

@@ -17,7 +17,7 @@ clip: ``--step naive`` (``benchmarks/naive_step.py``: the usual hand-written scr
 (``benchmarks/peer_step.py``: the same objective through TextBrewer, a distillation library from PyPI,
 installed), both with their teacher under autocast in the same 16-bit dtype as the project's.
 
-MFU = tokens/s x model FLOPs per token (``trainer.commands.plan.step_flops_per_token``, the figure
+MFU = tokens/s x model FLOPs per token (``trainer.planning.plan.step_flops_per_token``, the figure
 ``plan`` prints) / peak FLOP/s. The peak is ``--peak-tflops``, else the dense bf16 tensor-core
 peak of a known GPU, else (CPU) a measured large-matmul rate in the same dtype, which makes the
 CPU figure "fraction of what this machine's matmul achieves", not of a datasheet number.
@@ -73,13 +73,6 @@ from benchmarks.step_floor import floor_markdown, measured_ceilings, step_floor
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
-from trainer.commands.plan import (
-    LiveBytes,
-    dropping_gradients,
-    meta_distiller,
-    peak_activation_bytes,
-    step_flops_per_token,
-)
 from trainer.config import TrainConfig
 from trainer.modeling import (
     base_config,
@@ -92,6 +85,13 @@ from trainer.modeling import (
 )
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.planning.plan import (
+    LiveBytes,
+    dropping_gradients,
+    meta_distiller,
+    peak_activation_bytes,
+    step_flops_per_token,
+)
 from trainer.runtime.profiling import profile_markdown, profiler_activities, summarize, synchronize
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.demo_time import minutes  # noqa: E402
 from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
-from trainer.commands.suite_statistics import described  # noqa: E402
+from trainer.evaluation.suite_statistics import described  # noqa: E402
 
 THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation

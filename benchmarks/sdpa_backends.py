@@ -5,7 +5,7 @@
 Hugging Face's BERT calls ``F.scaled_dot_product_attention`` and PyTorch picks the kernel: flash, cuDNN,
 memory-efficient or the math path, by the head size, the dtype, dropout and the GPU. ``plan`` counts the
 activations as if every encoder took a fused kernel, which keeps no ``[seq, seq]`` matrix
-(``trainer.commands.plan.flash_attention_saves``). Both GPU campaigns measured 16.8 GiB at the peak of
+(``trainer.planning.plan.flash_attention_saves``). Both GPU campaigns measured 16.8 GiB at the peak of
 ``tinybert-4l-312`` at 64 x 512 where ``plan`` counts 9.8: its student's heads are 312 / 12 = 26 wide, not a
 multiple of 8, which the fused kernels may refuse, and the math path keeps a score matrix per layer.
 

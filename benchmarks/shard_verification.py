@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.suite_time import provenance, write_result  # noqa: E402
-from trainer.commands.plan_cluster import campaign_throughput  # noqa: E402
+from trainer.planning.cluster import campaign_throughput  # noqa: E402
 from trainer.runtime.data import Shard, ShardReader, open_dataset  # noqa: E402
 
 PRESET = ("distilbert-base", 512, 64, 4096)  # preset, sequence length, micro-batch, global batch

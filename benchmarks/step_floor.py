@@ -59,10 +59,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
-from trainer.commands.plan import flash_attention_saves, meta_batch, meta_distiller, step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
 from trainer.objective.distiller import validate_against_teacher
+from trainer.planning.plan import flash_attention_saves, meta_batch, meta_distiller, step_flops_per_token
 from trainer.runtime.profiling import op_category, synchronize
 
 # Ops that allocate or alias and move no bytes (views are found by their schema).
@@ -98,7 +98,7 @@ def distinct_bytes(tensor: torch.Tensor) -> int:
 
 class StepTraffic(TorchDispatchMode):
     """Records each op dispatched under it as an :class:`OpCost`; :meth:`attention` is ``plan``'s flash stand-in's
-    observer (:func:`trainer.commands.plan.flash_attention_saves`)."""
+    observer (:func:`trainer.planning.plan.flash_attention_saves`)."""
 
     def __init__(self) -> None:
         super().__init__()

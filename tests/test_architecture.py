@@ -3,8 +3,12 @@
 The rules are the map in docs/architecture.md: ``common`` is shared by everything and imports
 nothing of ours; ``preprocessing`` and ``trainer`` never import each other; inside the trainer the
 objective (what a step optimises) knows nothing of the runtime (how it runs at scale), the
-commands or MLflow, and the MLflow package (what downstream teams import to pull a student)
-knows nothing of DeepSpeed, the objective, the runtime or the commands.
+commands, the role packages or MLflow, and the MLflow package (what downstream teams import to pull
+a student) knows nothing of DeepSpeed, the objective, the runtime, the role packages or the commands.
+The role packages (fine-tuning, evaluation, planning) sit between those and the commands: the
+commands are thin command lines that call into them, and no role package imports a command;
+evaluation fine-tunes through ``finetuning`` (never the other way round), and planning records nothing
+in MLflow.
 """
 
 from __future__ import annotations
@@ -19,15 +23,28 @@ from helpers import REPO, run_in_repo
 
 PACKAGES = ("common", "preprocessing", "trainer")
 
+# the role packages: the machinery the commands call into
+ROLES = ("trainer.finetuning", "trainer.evaluation", "trainer.planning")
+
 # package prefix -> what it must never import (imports inside functions included)
 FORBIDDEN = {
     "common": ("preprocessing", "trainer"),
     "preprocessing": ("trainer",),
     "trainer": ("preprocessing",),
-    "trainer.objective": ("trainer.runtime", "trainer.commands", "trainer.tracking", "deepspeed"),
-    "trainer.runtime": ("trainer.commands", "trainer.tracking"),
-    "trainer.tracking": ("trainer.objective", "trainer.runtime", "trainer.commands", "deepspeed"),
-    "trainer.modeling": ("trainer.objective", "trainer.runtime", "trainer.commands", "trainer.tracking", "deepspeed"),
+    "trainer.objective": ("trainer.runtime", "trainer.commands", *ROLES, "trainer.tracking", "deepspeed"),
+    "trainer.runtime": ("trainer.commands", *ROLES, "trainer.tracking"),
+    "trainer.tracking": ("trainer.objective", "trainer.runtime", "trainer.commands", *ROLES, "deepspeed"),
+    "trainer.modeling": (
+        "trainer.objective",
+        "trainer.runtime",
+        "trainer.commands",
+        *ROLES,
+        "trainer.tracking",
+        "deepspeed",
+    ),
+    "trainer.finetuning": ("trainer.commands", "trainer.evaluation", "trainer.planning", "deepspeed"),
+    "trainer.evaluation": ("trainer.commands", "trainer.planning", "deepspeed"),
+    "trainer.planning": ("trainer.commands", "trainer.finetuning", "trainer.evaluation", "trainer.tracking"),
 }
 
 
@@ -91,7 +108,8 @@ def test_layers_import_only_downwards() -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["common", "preprocessing", "trainer.objective", "trainer.runtime", "trainer.tracking", "trainer"]
+    "package",
+    ["common", "preprocessing", "trainer.objective", "trainer.runtime", "trainer.tracking", *ROLES, "trainer"],
 )
 def test_each_package_imports_alone(package: str) -> None:
     """Every module of ``package`` imports in a fresh interpreter that has imported nothing else of ours."""
@@ -120,12 +138,15 @@ def test_the_commands_that_build_no_engine_import_no_deepspeed() -> None:
     """Evaluation and fine-tuning run a model on one device: DeepSpeed's import (2-3 s, mlflow's included) is
     paid only by training, `plan` (ZeRO's config) and `export` (ZeRO's checkpoints). The ablation runs these
     commands dozens of times; a type imported for a hint once put DeepSpeed back into each of them."""
-    commands = ["evaluate_mlm", "evaluate_suite", "finetune", "probe", "task_distill"]
+    commands = ["evaluate_mlm", "evaluate_suite", "finetune", "task_distill"]  # and their role packages, whole
+    modules = [f"trainer.commands.{c}" for c in commands] + [
+        name for name in project_modules() if within(name, "trainer.evaluation") or within(name, "trainer.finetuning")
+    ]
     code = (
         "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))\n"
     )
     env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    proc = run_in_repo([sys.executable, "-c", code, *[f"trainer.commands.{c}" for c in commands]], env, timeout=300)
+    proc = run_in_repo([sys.executable, "-c", code, *modules], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout[-2000:]

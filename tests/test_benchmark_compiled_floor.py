@@ -21,9 +21,9 @@ from benchmarks.compiled_floor import (
 )
 from benchmarks.step_floor import OpCost, count_step, floor_markdown
 from common.config import load_config
-from trainer.commands.plan import step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.planning.plan import step_flops_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 64

@@ -12,7 +12,7 @@ from transformers import BertConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu.train_throughput import sdpa_markdown
 from benchmarks.sdpa_backends import attention_flops, probe, timed_ms
-from trainer.commands.plan import encoder_flops_per_token
+from trainer.planning.plan import encoder_flops_per_token
 
 
 def test_the_rate_is_of_the_attention_flops_plan_counts() -> None:

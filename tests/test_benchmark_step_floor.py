@@ -22,10 +22,10 @@ from benchmarks.step_floor import (
     optimizer_costs,
 )
 from common.config import load_config
-from trainer.commands.plan import step_flops_per_token
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
 from trainer.objective.masking import max_masked
+from trainer.planning.plan import step_flops_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = 2  # bytes

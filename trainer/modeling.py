@@ -21,7 +21,7 @@ A student is made in one of three ways (``student.init``):
 
 Everything here also works on the ``meta`` device, so ``plan`` sizes a run from the teacher's
 ``config.json`` alone, with no weights and no memory (the parameter and FLOP arithmetic lives in
-``trainer.commands.plan``).
+``trainer.planning.plan``).
 """
 
 from __future__ import annotations
@@ -282,11 +282,10 @@ def build_student(cfg: StudentConfig, teacher: PreTrainedModel | None) -> PreTra
         student = load_pretrained_student(cfg.model, cfg.attention_dropout)
     else:
         config = student_config(cfg, base_config(cfg, None if teacher is None else teacher.config))
-        student = AutoModelForMaskedLM.from_config(
+        built = AutoModelForMaskedLM.from_config(
             with_attention_dropout(config, cfg.attention_dropout), attn_implementation="sdpa"
         )
-        if cfg.attention_dropout is not None:  # the saved config keeps the base's value (with_attention_dropout)
-            student.config.attention_probs_dropout_prob = config.attention_probs_dropout_prob
+        student = restore_base_attention_dropout(built, config, cfg.attention_dropout)
     if cfg.init == "from_teacher":
         copy_from_teacher(student, teacher, student_layer_map(cfg, teacher.config.num_hidden_layers))
     if cfg.trainable == "head":
@@ -299,7 +298,7 @@ def with_attention_dropout(config: PretrainedConfig, p: float | None) -> Pretrai
 
     Each attention module takes its dropout from the config once, when it is built, and reads it from its own
     ``nn.Dropout`` from then on; so the caller builds from this copy and puts the base's value back into the
-    built model's config, which is the one saved and exported (StudentConfig says why).
+    built model's config, which is the one saved and exported (:func:`restore_base_attention_dropout`).
     """
     if p is None:
         return config
@@ -311,6 +310,15 @@ def with_attention_dropout(config: PretrainedConfig, p: float | None) -> Pretrai
     built = copy.deepcopy(config)
     built.attention_probs_dropout_prob = p
     return built
+
+
+def restore_base_attention_dropout(model: PreTrainedModel, base: PretrainedConfig, p: float | None) -> PreTrainedModel:
+    """``model``, built from ``with_attention_dropout(base, p)``, with ``base``'s attention dropout back in its config:
+    its attention modules keep ``p``, while the config it saves and exports keeps the base's value (StudentConfig
+    says why). With ``p`` None the model was built from ``base`` itself and is returned as it is."""
+    if p is not None:
+        model.config.attention_probs_dropout_prob = base.attention_probs_dropout_prob
+    return model
 
 
 def load_pretrained_student(name_or_path: str, attention_dropout: float | None = None) -> PreTrainedModel:
@@ -333,8 +341,7 @@ def load_pretrained_student(name_or_path: str, attention_dropout: float | None =
         )
     except (OSError, ValueError) as err:
         raise ConfigError(f"student.model: cannot load {name_or_path!r} as a masked LM: {err}") from None
-    if attention_dropout is not None:  # the saved config keeps the base's value (with_attention_dropout)
-        model.config.attention_probs_dropout_prob = config.attention_probs_dropout_prob
+    restore_base_attention_dropout(model, config, attention_dropout)
     missing = sorted(key for key in info["missing_keys"] if key.split(".")[0] not in MLM_HEAD_ATTRIBUTES)
     if missing:
         raise ConfigError(

@@ -3,7 +3,7 @@
 ``GPU_CAMPAIGN_AGAIN`` (benchmarks/gpu/run.sh) names the results of an earlier session that were recorded before
 a change to what they measure; dropped here, the session's ``--append`` calls measure them again. The names are
 cases, steps, ``losses`` and ``sdpa``. Only the standard library and ``common.atomic``: run.sh calls it on a bare
-GPU machine, and a campaign's other code (train_throughput.py: DeepSpeed through ``trainer.commands.plan``) would
+GPU machine, and a campaign's other code (train_throughput.py: DeepSpeed through ``trainer.planning.plan``) would
 need the carried wheels first. When it failed on their absence the session went on, and measured nothing again.
 """
 

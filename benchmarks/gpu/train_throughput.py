@@ -53,9 +53,9 @@ from benchmarks.gpu.forget import LOSSES, SDPA
 from benchmarks.step_floor import floor_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
-from trainer.commands.plan import build_plan
 from trainer.config import TrainConfig
 from trainer.modeling import load_teacher_config
+from trainer.planning.plan import build_plan
 from trainer.runtime.profiling import profile_markdown
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ from typing import Any
 from safetensors import safe_open
 
 from common.atomic import write_text_atomically
-from trainer.commands.suite_statistics import described
+from trainer.evaluation.suite_statistics import described
 
 FAMILIES = {
     "bert": "the BERT teacher pretrained here (teacher: null, L_mlm)",

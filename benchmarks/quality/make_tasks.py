@@ -31,7 +31,7 @@ deduplicated by source package before the split, so near-identical descriptions 
 binaries never sit on both sides of it.
 
 The baseline is TF-IDF bag-of-words (unigrams and bigrams) with logistic regression (classes) or
-ridge regression (size), fit on the train split and scored on validation (:mod:`trainer.commands.bag_of_words`).
+ridge regression (size), fit on the train split and scored on validation (:mod:`trainer.evaluation.bag_of_words`).
 A task is kept only if that baseline stays below 0.90.
 """
 
@@ -202,11 +202,11 @@ def interleave(rows: list[dict[str, Any]], rng: random.Random) -> list[dict[str,
 
 # ----------------------------------------------------------------------------------------- baseline
 def bow_baseline(train: list[dict[str, Any]], valid: list[dict[str, Any]], kind: str) -> dict[str, float]:
-    """The suite's bag-of-words baseline (:mod:`trainer.commands.bag_of_words`), scored on validation."""
+    """The suite's bag-of-words baseline (:mod:`trainer.evaluation.bag_of_words`), scored on validation."""
     import numpy as np
     from scipy.stats import pearsonr, spearmanr
 
-    from trainer.commands import bag_of_words
+    from trainer.evaluation import bag_of_words
 
     predicted = bag_of_words.predict(train, valid, {"kind": kind, "text_pair_column": "text_pair"})
     y_valid = [r["label"] for r in valid]

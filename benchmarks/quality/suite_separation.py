@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
-from trainer.commands.suite_statistics import described  # noqa: E402
+from trainer.evaluation.suite_statistics import described  # noqa: E402
 
 
 def minilm() -> str:

@@ -34,7 +34,7 @@ Rows, each run at every seed:
 Each row's test score (the seeds' mean, each seed's), its compute (optimizer steps, examples through the
 student, teacher forward passes, wall seconds) and, for the distilled rows, the test score of the *last*
 student too (like-for-like with fine-tuning, which chooses nothing). Differences with their 95 % paired
-bootstrap intervals over test examples and seeds (``trainer/commands/suite_statistics.py``): every row
+bootstrap intervals over test examples and seeds (``trainer/evaluation/suite_statistics.py``): every row
 against fine-tuning alone, and the augmented distillation against its control.
 """
 
@@ -65,9 +65,9 @@ from common.cli import quiet_libraries  # noqa: E402
 from common.config import from_dict  # noqa: E402
 from preprocessing.augment import OUTPUT_FILE, AugmentConfig  # noqa: E402
 from preprocessing.augment import run as augment  # noqa: E402
-from trainer.commands.finetune import PRIMARY_METRIC, FinetuneConfig, finetune  # noqa: E402
-from trainer.commands.suite_statistics import TaskPredictions, bootstrap_skills, chance, interval, verdict  # noqa: E402
-from trainer.commands.task_distill import TaskDistillConfig, task_distill  # noqa: E402
+from trainer.evaluation.suite_statistics import TaskPredictions, bootstrap_skills, chance, interval, verdict  # noqa: E402
+from trainer.finetuning.finetune import PRIMARY_METRIC, FinetuneConfig, finetune  # noqa: E402
+from trainer.finetuning.task_distill import TaskDistillConfig, task_distill  # noqa: E402
 
 TASKS = REPO / "benchmarks" / "quality" / "tasks"
 BATCH = 16
@@ -136,7 +136,7 @@ def last_student_on_test(run_dir: Path, cfg: TaskDistillConfig) -> float:
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-    from trainer.commands.finetune import encode, evaluate, read_dataset
+    from trainer.finetuning.finetune import encode, evaluate, read_dataset
 
     model = AutoModelForSequenceClassification.from_pretrained(run_dir / "model")
     weights = load_file(run_dir / "checkpoint" / "trainable.safetensors")

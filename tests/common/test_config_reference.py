@@ -9,11 +9,11 @@ from pathlib import Path
 
 from preprocessing.augment import AugmentConfig
 from preprocessing.config import PreprocessConfig
-from trainer.commands.evaluate_mlm import EvaluateMlmConfig
-from trainer.commands.evaluate_suite import SuiteConfig
-from trainer.commands.finetune import FinetuneConfig
-from trainer.commands.task_distill import TaskDistillConfig
 from trainer.config import TrainConfig
+from trainer.evaluation.mlm import EvaluateMlmConfig
+from trainer.evaluation.suite import SuiteConfig
+from trainer.finetuning.finetune import FinetuneConfig
+from trainer.finetuning.task_distill import TaskDistillConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

@@ -289,9 +289,9 @@ def test_held_out_scores_and_the_probe_run_on_the_gpu_and_score_as_the_cpu_does(
     thousand; for the probe, one of the 32 validation examples). The probe's ridge fits run there too
     (the second GPU ablation's probe spent 8-36 s a model and task with its fits on the machine's CPU)."""
     from common.config import load_config
-    from trainer.commands import probe
-    from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm
-    from trainer.commands.evaluate_suite import SuiteConfig, evaluate_suite
+    from trainer.evaluation import probe
+    from trainer.evaluation.mlm import EvaluateMlmConfig, evaluate_mlm
+    from trainer.evaluation.suite import SuiteConfig, evaluate_suite
 
     fitted_on = []  # the device of every ridge fit (jobs=1: the suite runs in this process)
     prepare = probe.Ridge.__init__

@@ -107,7 +107,7 @@ def test_glob_input_is_written_in_shards_whole_in_order_and_the_same_for_any_wor
 ):
     """Two lines per shard: each file spans three shards, written by workers and joined by the driver.
     A shard lost or joined twice would drop or repeat an example's original and variants."""
-    from trainer.commands.finetune import FinetuneConfig, read_dataset
+    from trainer.finetuning.finetune import FinetuneConfig, read_dataset
 
     pattern, examples = two_task_files
     counts = augment(pattern, tiny_teacher_dir, tmp_path / "one", lines_per_shard=2, probability=0.5)

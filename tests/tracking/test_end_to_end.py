@@ -44,7 +44,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    from trainer.commands.finetune import FinetuneConfig, finetune
+    from trainer.finetuning.finetune import FinetuneConfig, finetune
 
     uri = mlflow_server.uri
     settings = ["max_steps=10", "logging.every_steps=1", "eval.every_steps=5", "checkpoint.every_steps=5"]

@@ -17,7 +17,7 @@ from helpers import REPO
 from safetensors.torch import load_file
 
 from common.config import ConfigError, load_config
-from trainer.commands.finetune import (
+from trainer.finetuning.finetune import (
     FinetuneConfig,
     correlation,
     encode,

@@ -18,7 +18,15 @@ import trainer.tracking
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(trainer.tracking.__file__).parent
-FORBIDDEN = ("deepspeed", "trainer.objective", "trainer.runtime", "trainer.commands")
+FORBIDDEN = (
+    "deepspeed",
+    "trainer.objective",
+    "trainer.runtime",
+    "trainer.commands",
+    "trainer.finetuning",
+    "trainer.evaluation",
+    "trainer.planning",
+)
 
 # Run in a fresh interpreter with DeepSpeed blocked: ``import deepspeed`` raises ImportError, as if not installed.
 PRELUDE = """

@@ -73,7 +73,7 @@ def test_register_promote_and_pull(mlflow_server, tiny_student_dir, tmp_path, tr
     # The evaluation suite pulls a registered model into its work_dir; a second suite with the same work_dir
     # pulls it again (the alias may have moved), where `pull` alone refuses a directory that is not empty.
     from common.config import load_config
-    from trainer.commands.evaluate_suite import SuiteConfig, local_model
+    from trainer.evaluation.suite import SuiteConfig, local_model
 
     suite = load_config(SuiteConfig, None, [f"models=[models:/{name}@candidate]", f"mlflow.tracking_uri={uri}"])
     for _ in range(2):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from common.config import from_dict
-from trainer.commands.finetune import FinetuneConfig, finetune
-from trainer.commands.task_distill import CHECKPOINT, TaskDistillConfig, task_distill
+from trainer.finetuning.finetune import FinetuneConfig, finetune
+from trainer.finetuning.task_distill import CHECKPOINT, TaskDistillConfig, task_distill
 
 pytestmark = pytest.mark.integration
 

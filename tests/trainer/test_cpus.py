@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.commands import evaluate_suite
+from trainer.evaluation import suite as evaluate_suite
 from trainer.runtime.cpus import cgroup_cpu_limit, usable_cpus
 
 AFFINITY = len(os.sched_getaffinity(0))

@@ -13,11 +13,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import PreTrainedModel
 
 from common.config import ConfigError, load_config
-from trainer.commands.plan import step_flops_per_token
 from trainer.config import MaskingConfig, ObjectiveConfig, StudentConfig, TinyBertConfig, TrainConfig
 from trainer.modeling import RowPaddedLinear, build_student, load_teacher, load_teacher_config, padded_linear
 from trainer.objective.distiller import OUTPUT_LOSSES, Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, MaskedBatch, seeded_generator
+from trainer.planning.plan import step_flops_per_token
 
 SPECIALS = [0, 100, 101, 102, 103]  # bert-base-uncased [PAD] [UNK] [CLS] [SEP] [MASK]
 

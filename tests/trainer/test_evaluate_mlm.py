@@ -13,8 +13,9 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from common.config import ConfigError, load_config
-from trainer.commands.evaluate_mlm import EvaluateMlmConfig, evaluate_mlm, main
+from trainer.commands.evaluate_mlm import main
 from trainer.config import MaskingConfig
+from trainer.evaluation.mlm import EvaluateMlmConfig, evaluate_mlm
 from trainer.objective.masking import DynamicMasker
 from trainer.runtime.data import open_dataset
 from trainer.runtime.evaluate import fixed_masked_batches

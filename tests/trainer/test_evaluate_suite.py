@@ -20,7 +20,8 @@ from types import ModuleType
 import pytest
 
 from common.config import ConfigError, load_config
-from trainer.commands.evaluate_suite import TASKS_DIR, SuiteConfig, evaluate_suite, main
+from trainer.commands.evaluate_suite import main
+from trainer.evaluation.suite import TASKS_DIR, SuiteConfig, evaluate_suite
 
 MANIFEST = json.loads((TASKS_DIR / "tasks.json").read_text(encoding="utf-8"))["tasks"]
 
@@ -262,7 +263,7 @@ def test_a_suite_run_again_with_its_work_dir_continues_where_it_stopped(tiny_tea
     records = sorted(work.glob("model-0/*/*/*.result.json"))
     records[0].write_text("{", encoding="utf-8")  # torn by hand: what an atomic write never leaves
     (copy / "config.json").write_text((copy / "config.json").read_text().replace("{", '{"note": 1, ', 1))
-    with caplog.at_level("INFO", logger="trainer.commands.evaluate_suite"):
+    with caplog.at_level("INFO", logger="trainer.evaluation.suite"):
         assert reused() == 1  # the first model's other task; the copy's two ran again: its files changed
     assert "cannot be read" in caplog.text and "recorded for another model_sha256" in caplog.text
     assert reused() == 4 and reused("batch_size=8") == 0
@@ -314,7 +315,7 @@ def test_the_probe_equals_scikit_learn_on_the_same_features(bert_tokenizer_dir, 
     from sklearn.linear_model import Ridge, RidgeClassifier
     from transformers import AutoModel, AutoTokenizer
 
-    from trainer.commands.probe import PENALTIES
+    from trainer.evaluation.probe import PENALTIES
 
     output, manifest = tmp_path / "probe.json", with_a_pair_task(tmp_path / "tasks")
     argv = [str(bert_tokenizer_dir), "method=probe", f"tasks_dir={tmp_path / 'tasks'}", "seeds=[0]", "train_size=80"]

@@ -11,7 +11,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForMaskedLM, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
 from common.config import ConfigError
-from trainer.commands.plan import count_parameters, encoder_flops_per_token
 from trainer.config import StudentConfig
 from trainer.modeling import (
     build_on_meta,
@@ -24,6 +23,7 @@ from trainer.modeling import (
     student_config,
     student_layer_map,
 )
+from trainer.planning.plan import count_parameters, encoder_flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 BERT_BASE = str(REPO / "configs" / "teachers" / "bert-base-uncased")

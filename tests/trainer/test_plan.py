@@ -12,9 +12,10 @@ from helpers import engine_probe
 from common.cli import run_cli
 from common.config import ConfigError, load_config
 from trainer.__main__ import main as trainer_main
-from trainer.commands import plan
+from trainer.commands import plan as plan_command
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.planning import plan
 
 REPO = Path(__file__).resolve().parents[2]
 BERT_BASE = REPO / "configs" / "teachers" / "bert-base-uncased"
@@ -32,7 +33,7 @@ def config_file(tmp_path: Path) -> Path:
 
 
 def run_plan(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert plan.main(list(argv)) == 0
+    assert plan_command.main(list(argv)) == 0
     return capsys.readouterr().out
 
 
@@ -76,12 +77,12 @@ def test_sequence_length_and_epochs_come_from_the_manifest(
     manifest["tokenizer"]["vocab_size"] = 50265
     (dataset / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(ConfigError, match="data: the dataset's tokenizer has 50265 ids"):
-        plan.main([str(config_file)])
+        plan_command.main([str(config_file)])
 
 
 def test_batch_that_does_not_divide_is_a_config_error(config_file: Path) -> None:
     with pytest.raises(ConfigError, match="global_batch_size"):
-        plan.main([str(config_file), "--world-size", "3"])
+        plan_command.main([str(config_file), "--world-size", "3"])
 
 
 def test_random_student_has_no_layer_map(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,10 +15,11 @@ import pytest
 from helpers import engine_probe
 
 from common.config import ConfigError, load_config
-from trainer.commands import plan
-from trainer.commands.plan_cluster import Cluster, Sizing, checkpoint_bytes, communication
+from trainer.commands import plan as plan_command
 from trainer.config import TrainConfig
 from trainer.modeling import base_config, load_teacher_config, student_config
+from trainer.planning import plan
+from trainer.planning.cluster import Cluster, Sizing, checkpoint_bytes, communication
 from trainer.runtime.engine import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_zero_stages_on_one_layout_differ_as_deepspeed_lays_them_out(tiny_teache
 
 
 def run_plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    assert plan.main(list(argv)) == 0
+    assert plan_command.main(list(argv)) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -166,7 +167,7 @@ def test_a_shape_the_campaign_never_measured_asks_for_a_throughput(
 def test_bad_cluster_options_name_the_option(tmp_path: Path, argv: list[str], key: str) -> None:
     preset = str(REPO / "configs" / "distilbert-base.yaml")
     with pytest.raises(ConfigError, match=key):
-        plan.main([preset, f"teacher={BERT_BASE}", f"data={tmp_path}/none", *argv])
+        plan_command.main([preset, f"teacher={BERT_BASE}", f"data={tmp_path}/none", *argv])
 
 
 def test_default_cluster_is_one_node_of_world_size() -> None:

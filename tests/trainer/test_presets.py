@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError, load_config
-from trainer.commands.plan import build_plan
 from trainer.commands.plan import main as plan_main
 from trainer.config import TrainConfig
+from trainer.planning.plan import build_plan
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TOLERANCE = 0.03  # the largest gap is MiniLM's "22M" for 22.56M (2.6%); see docs/objectives.md

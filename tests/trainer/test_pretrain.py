@@ -14,11 +14,11 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, PreTrainedModel
 
 from common.config import ConfigError, load_config
-from trainer.commands.plan import build_plan, render
 from trainer.config import MaskingConfig, TrainConfig
 from trainer.modeling import build_student, load_teacher_config
 from trainer.objective.distiller import Distiller, eval_metrics, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.planning.plan import build_plan, render
 from trainer.runtime.optim import param_groups
 
 REPO = Path(__file__).resolve().parents[2]

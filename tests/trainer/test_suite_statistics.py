@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainer.commands import suite_statistics as stats
+from trainer.evaluation import suite_statistics as stats
 
 
 def test_chance_is_what_a_constant_predictor_scores():

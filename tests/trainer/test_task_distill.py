@@ -19,8 +19,8 @@ import torch
 from helpers import REPO
 
 from common.config import ConfigError, from_dict
-from trainer.commands.finetune import FinetuneConfig, finetune
-from trainer.commands.task_distill import TaskDistillConfig, task_distill
+from trainer.finetuning.finetune import FinetuneConfig, finetune
+from trainer.finetuning.task_distill import TaskDistillConfig, task_distill
 
 DOCS = REPO / "tests" / "data" / "docs-classification.jsonl"
 
@@ -87,7 +87,7 @@ def run(values: dict[str, object]) -> dict:
 def test_both_stages_keep_the_best_student_and_export_a_classifier(teacher, general_student, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from trainer.commands.finetune import encode, evaluate, load_splits
+    from trainer.finetuning.finetune import encode, evaluate, load_splits
 
     out = tmp_path / "run"
     values = settings(teacher, general_student, out)
@@ -115,7 +115,7 @@ def test_a_test_split_is_scored_once_by_the_student_chosen_on_validation(teacher
     split, and with ``save_predictions`` each test example's prediction is kept, in the test file's order."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-    from trainer.commands.finetune import encode, evaluate, read_dataset
+    from trainer.finetuning.finetune import encode, evaluate, read_dataset
 
     rows = DOCS.read_text().splitlines(keepends=True)
     data, validation, test = tmp_path / "train.jsonl", tmp_path / "dev.jsonl", tmp_path / "test.jsonl"

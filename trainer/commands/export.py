@@ -98,9 +98,10 @@ def export(checkpoint: str | Path, dest: str | Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0].startswith("-"):
-        print("usage: python -m trainer export CHECKPOINT_DIR DEST", file=sys.stderr)
-        return 2
+    asked = argv[:1] in (["-h"], ["--help"])  # usage asked for: on stdout, success; anything else malformed: exit 2
+    if asked or len(argv) != 2 or argv[0].startswith("-"):
+        print("usage: python -m trainer export CHECKPOINT_DIR DEST", file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     dest = export(argv[0], argv[1])
     print(f"exported the student to {dest}")
     return 0

@@ -34,12 +34,12 @@ from common.cli import split_config_args
 from common.config import ConfigError, load_config, to_dict
 from common.tokenizer import load_tokenizer, tokenizer_identity
 from trainer.commands.export import export, save_student
-from trainer.commands.plan_cluster import checkpoint_bytes
 from trainer.commands.run_record import training_run_spec
 from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
+from trainer.planning.cluster import checkpoint_bytes
 from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.data import (
     TrainLoader,

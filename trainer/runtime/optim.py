@@ -1,6 +1,6 @@
 """What the optimizer is given: parameter groups with weight decay, and the learning-rate schedule.
 
-Shared by distillation (``trainer.runtime.engine``) and fine-tuning (``trainer.commands.finetune``).
+Shared by distillation (``trainer.runtime.engine``) and fine-tuning (``trainer.finetuning.finetune``).
 The schedule is DistilBERT's: linear warmup, then linear decay to zero at ``max_steps``.
 """
 

@@ -1,0 +1,1 @@
+"""How good a finished model is: the evaluation suite (fine-tuned or probed), held-out masked LM, their statistics."""
