@@ -184,8 +184,8 @@ class Distiller(nn.Module):
             # same code (BertLayer.forward, ...), and come and go every step. Dynamo skips guards on module
             # hooks by default; torch 2.11 then ran the teacher's layers without their hooks (nothing
             # captured: a KeyError in the layer losses), with the hooks of that time. With the guards, 2.11 and
-            # 2.13 both capture right and neither recompiles after the first step (docs/gpu-machine.md, "Before
-            # a GPU session"): a guard that costs nothing is kept rather than trusting each version's default.
+            # 2.13 both capture right and neither recompiles after the first step (docs/log/gpu-machine.md,
+            # 2026-11-25): a guard that costs nothing is kept rather than trusting each version's default.
             from torch._dynamo import config as dynamo_config
 
             dynamo_config.skip_nnmodule_hook_guards = False
