@@ -113,11 +113,28 @@ def consumed_samples(trace: Path, steps_per_rank: int | None = None) -> collecti
 
 
 @pytest.fixture(scope="module")
-def zero3_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
-    """Also profiles steps 3 and 4 (the profiler changes no number: its losses are the reference run's)."""
-    out = tmp_path_factory.mktemp("zero3") / "run"
+def zero3_runs(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> tuple[Path, Path]:
+    """Two ZeRO-3 runs launched on this machine at once, 2 s apart, neither given a port: the plain one (which
+    also profiles steps 3 and 4; the profiler changes no number) and one with ``objective.vocab_multiple=64``.
+    Both must finish: on the launcher's fixed default port 29500 the second either died on EADDRINUSE or its
+    ranks joined the first run's group and both crashed; each now meets on a port the system picked for it
+    (trainer.runtime.engine)."""
+    root = tmp_path_factory.mktemp("zero3")
     profile = ("profile.steps=2", "profile.start_step=3", "profile.trace=true")
-    return run(tiny_teacher_dir, tiny_dataset_dir, out, ZERO3, *profile)
+    plain = root / "run"
+    first = start(tiny_teacher_dir, tiny_dataset_dir, plain, ZERO3, *profile)
+    time.sleep(2)  # the first run's ranks are meeting by now
+    padded = root / "padded"
+    try:
+        finish(start(tiny_teacher_dir, tiny_dataset_dir, padded, ZERO3, "objective.vocab_multiple=64"), padded)
+    finally:
+        finish(first, plain)
+    return plain, padded
+
+
+@pytest.fixture(scope="module")
+def zero3_run(zero3_runs: tuple[Path, Path]) -> Path:
+    return zero3_runs[0]
 
 
 def check_finished_run(output_dir: Path) -> None:
@@ -196,11 +213,12 @@ def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run:
 
 @pytest.mark.full
 def test_a_padded_vocabulary_trains_like_the_plain_one_under_zero3_and_exports_a_plain_student(
-    zero3_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
+    zero3_runs: tuple[Path, Path],
 ) -> None:
     """``objective.vocab_multiple=64`` through the real engine, with ZeRO-3 partitioning the decoder's (tied)
-    weight: the plain ZeRO-3 run's losses, and a student exported with the tokenizer's 30,522 rows."""
-    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", ZERO3, "objective.vocab_multiple=64")
+    weight: the plain ZeRO-3 run's losses, and a student exported with the tokenizer's 30,522 rows. The two
+    ran at once (``zero3_runs``): two launches on one machine, neither given a port, both finish."""
+    zero3_run, out = zero3_runs
     check_finished_run(out)
     check_student(out / "student")
     plain, padded = train_losses(zero3_run), train_losses(out)
@@ -692,26 +710,3 @@ def test_more_streams_than_samples_fail_before_the_teacher_is_read(
     proc = run_in_repo(["bash", "launch/run.sh", "configs/tiny-cpu.yaml", *overrides], env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fewer than its 100000 streams" in proc.stderr
-
-
-@pytest.mark.full
-def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:
-    """The demo's config (the real all-MiniLM-L6-v2 teacher) launched twice on this machine, 2 s apart,
-    neither given a port. On the launcher's fixed default port 29500 the second run either died on
-    EADDRINUSE or its ranks joined the first run's group and both crashed; each now meets on a port
-    the system picked for it (trainer.runtime.engine)."""
-    from helpers import minilm_dir
-
-    # No tracking: the preset's register_as would track (and register) even with enabled=false, into the default
-    # store in the working directory, the checkout.
-    overrides = ("max_steps=4", "eval.every_steps=4", "checkpoint.every_steps=4", "mlflow.enabled=false")
-    overrides += ("mlflow.register_as=null", "mlflow.alias=null")
-    runs = []
-    for name in ("first", "second"):
-        out = tmp_path / name
-        runs.append((out, start(minilm_dir(), tiny_dataset_dir, out, *overrides, config="configs/demo-minilm-3l.yaml")))
-        time.sleep(2)
-    for out, proc in runs:
-        finish(proc, out)
-        assert [r["step"] for r in records(out) if "train/loss" in r] == [1, 2, 3, 4]
-        assert (out / "student" / "model.safetensors").is_file()
