@@ -373,24 +373,6 @@ def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_lik
     assert json.loads(done.stdout)["data"]["found"] is True
 
 
-@pytest.mark.full
-def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
-    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
-) -> None:
-    """Two launcher invocations acting as two machines of one CPU rank each, as a cluster without
-    passwordless ssh starts them: the same hostfile, ``--no_ssh``, each its ``--node_rank``, the first
-    node's address and an explicit port. They form one world of two ranks (not two runs of one: the
-    free-port rendezvous of a one-node launch must stand aside) whose losses are the one-node run's."""
-    out = tmp_path / "run"
-    nodes = two_nodes(out, tiny_teacher_dir, tiny_dataset_dir)
-    for node, proc in enumerate(nodes):
-        finish(proc, out, f"node{node}")
-        log = console_log(out, f"node{node}").read_text()
-        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
-    assert train_losses(out) == train_losses(reference_run)
-    check_student(out / "student")
-
-
 def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: str = "") -> list[subprocess.Popen]:
     """Two launcher invocations acting as two machines of one CPU rank each: one hostfile, ``--no_ssh``, each
     its ``--node_rank``, the first node's address and an explicit port."""
@@ -418,7 +400,11 @@ def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: s
 def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, lost: int, how: str
 ) -> None:
-    """A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
+    """Two launcher invocations act as two machines of one CPU rank each (:func:`two_nodes`), as a cluster without
+    passwordless ssh starts them; they form one world of two ranks (not two runs of one: the free-port rendezvous
+    of a one-node launch must stand aside) whose losses are the one-node run's.
+
+    A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
     them) would hold the other inside a collective until the process group's 10-minute timeout. With
     ``deepspeed.peer_timeout_s=10`` the other node stops within about 10 s plus a heartbeat, with one line naming
     the lost rank and node (for node 0, the rendezvous store it hosts). A node whose processes are killed
@@ -460,8 +446,12 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
     relaunched = time.monotonic()
     for node, proc in enumerate(two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")):
         finish(proc, out, f"node{node}-relaunch")
+        relaunch_log = console_log(out, f"node{node}-relaunch").read_text()
+        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in relaunch_log and "dist_world_size=2" in relaunch_log
     assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
+    # Both launches' steps together, as two nodes of one rank each: the one-node two-rank run's losses.
     assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
     signal_name = "SIGSTOP" if how == "frozen" else "SIGKILL"
     record_fault(
         f"node-{lost}-{how}",
