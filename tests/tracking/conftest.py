@@ -86,6 +86,34 @@ def launch_tiny_distillation(tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp
     return lambda *overrides: Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", list(overrides))
 
 
+# The one tracked and registered launch that test_end_to_end and test_registered_checkpoints both read.
+REGISTERED_MODEL = "tiny-student"
+REGISTERED_EXPERIMENT = "e2e"
+
+
+def registered_settings(uri: str) -> list[str]:
+    """Every third step a checkpoint, an evaluation and a registered version (alias ``following``); the final
+    student registered as ``@candidate``; system metrics every second."""
+    return ["max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=3",
+            "logging.every_steps=1", f"mlflow.tracking_uri={uri}", f"mlflow.experiment={REGISTERED_EXPERIMENT}",
+            f"mlflow.register_as={REGISTERED_MODEL}", "mlflow.alias=candidate", "mlflow.register_checkpoints=true",
+            "mlflow.checkpoint_alias=following", "mlflow.system_metrics_interval_s=1"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def registered_run(
+    mlflow_server: MlflowServer, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path_factory
+) -> Launch:
+    """The tiny CPU distillation through the real launcher, finished, tracked by ``mlflow_server`` with its due
+    checkpoints and final student registered (:func:`registered_settings`). One launch for the session: the
+    tracking, promotion, pull and fine-tune of test_end_to_end and the versions per checkpoint of
+    test_registered_checkpoints read the same run."""
+    out = tmp_path_factory.mktemp("registered") / "run"
+    run = Launch(tiny_teacher_dir, tiny_dataset_dir, out, registered_settings(mlflow_server.uri))
+    run.wait()
+    return run
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """The tests' models are tiny: one thread is fastest, and spares a busy 2-core machine."""

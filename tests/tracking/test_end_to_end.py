@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL
 
 from common.config import flatten, load_config, to_dict
 from trainer.commands.run_record import dataset_fingerprint
@@ -39,22 +40,17 @@ def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> N
 
 @pytest.mark.full
 def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
-    mlflow_server, launch_tiny_distillation, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
+    mlflow_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
 ):
+    """``registered_run`` (tracking/conftest.py): 12 steps, tracked, its checkpoints and final student registered."""
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     from trainer.finetuning.finetune import FinetuneConfig, finetune
 
-    uri = mlflow_server.uri
-    settings = ["max_steps=10", "logging.every_steps=1", "eval.every_steps=5", "checkpoint.every_steps=5"]
-    mlflow = [f"mlflow.tracking_uri={uri}", "mlflow.experiment=e2e", "mlflow.register_as=tiny-student",
-              "mlflow.alias=candidate", "mlflow.system_metrics_interval_s=1"]  # fmt: skip
-    run = launch_tiny_distillation(*settings, *mlflow)
-    run.wait()
-
+    uri, run = mlflow_server.uri, registered_run
     client = MlflowClient(uri)
-    (tracked,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    (tracked,) = client.search_runs([client.get_experiment_by_name(REGISTERED_EXPERIMENT).experiment_id])
     run_id = tracked.info.run_id
     assert tracked.info.status == "FINISHED"
 
@@ -72,7 +68,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
 
     # Metrics: exactly what the loop wrote to metrics.jsonl, plus this node's system metrics.
     records = run.records()
-    assert max(r["step"] for r in records) == 10
+    assert max(r["step"] for r in records) == 12
     assert_metrics_reached_mlflow(client, run_id, records)
     assert any(k.startswith("system/") and k.endswith("/cpu_utilization_percentage") for k in tracked.data.metrics)
     assert any(k.startswith("system/") and k.endswith("/system_memory_usage_megabytes") for k in tracked.data.metrics)
@@ -88,20 +84,20 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert yaml.safe_load((fetched / "config" / "resolved.yaml").read_text()) == to_dict(cfg)
 
     # The registered version: linked to the run, tagged, aliased; promotion is one command.
-    version = client.get_model_version_by_alias("tiny-student", "candidate")
+    version = client.get_model_version_by_alias(REGISTERED_MODEL, "candidate")
     assert version.run_id == run_id
     last_eval = [r for r in records if "eval/student_mlm_accuracy" in r][-1]
     assert version.tags["teacher"] == str(tiny_teacher_dir)
     assert version.tags["dataset_fingerprint"] == dataset_fingerprint(manifest)
-    assert version.tags["step"] == "10" and version.tags["kind"] == "final"
+    assert version.tags["step"] == "12" and version.tags["kind"] == "final"
     assert version.tags["eval/student_mlm_accuracy"] == f"{last_eval['eval/student_mlm_accuracy']:.6g}"
-    done = trainer_cli("promote", "tiny-student", version.version, "champion", "--tracking-uri", uri)
+    done = trainer_cli("promote", REGISTERED_MODEL, version.version, "champion", "--tracking-uri", uri)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert client.get_model_version_by_alias("tiny-student", "champion").version == version.version
+    assert client.get_model_version_by_alias(REGISTERED_MODEL, "champion").version == version.version
 
     # Pulled by alias: both auto classes load it, with the trained weights.
     pulled = tmp_path / "pulled"
-    done = trainer_cli("pull", "models:/tiny-student@champion", str(pulled), "--tracking-uri", uri)
+    done = trainer_cli("pull", f"models:/{REGISTERED_MODEL}@champion", str(pulled), "--tracking-uri", uri)
     assert done.returncode == 0, done.stderr[-3000:]
     exported = AutoModelForMaskedLM.from_pretrained(run.output_dir / "student").state_dict()
     student = AutoModelForMaskedLM.from_pretrained(pulled).state_dict()
@@ -112,7 +108,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert torch.equal(classifier.bert.embeddings.word_embeddings.weight, embeddings)
 
     # A short fine-tune from the registered student, tracked in its own experiment.
-    args = ["model=models:/tiny-student@champion", f"data={DOCS}", f"output_dir={tmp_path / 'finetune'}",
+    args = [f"model=models:/{REGISTERED_MODEL}@champion", f"data={DOCS}", f"output_dir={tmp_path / 'finetune'}",
             "epochs=1", "max_seq_len=64", f"mlflow.tracking_uri={uri}"]  # fmt: skip
     finetuned = finetune(load_config(FinetuneConfig, None, args))
     assert finetuned["total"] == 60 and finetuned["source"]["version"] == version.version

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, Launch, registered_settings
 
 from common.config import ConfigError
 from trainer.tracking.checkpoints import (
@@ -140,23 +141,17 @@ def versions_by_step(client, name: str) -> dict[int, list]:
 @pytest.mark.full
 @pytest.mark.integration
 def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
-    mlflow_server, launch_tiny_distillation, trainer_cli, tmp_path
+    mlflow_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
 ):
+    """``registered_run`` (tracking/conftest.py): 12 steps, a checkpoint and a registered version every 3."""
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM
 
     from trainer.commands.export import export
 
-    uri, name = mlflow_server.uri, "following-student"
-    settings = ["max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=3",
-                "logging.every_steps=1", f"mlflow.tracking_uri={uri}", "mlflow.experiment=registered-checkpoints",
-                f"mlflow.register_as={name}", "mlflow.alias=candidate", "mlflow.register_checkpoints=true",
-                "mlflow.checkpoint_alias=following"]  # fmt: skip
-    run = launch_tiny_distillation(*settings)
-    run.wait()
-
+    uri, name, run = mlflow_server.uri, REGISTERED_MODEL, registered_run
     client = MlflowClient(uri)
-    (tracked,) = client.search_runs([client.get_experiment_by_name("registered-checkpoints").experiment_id])
+    (tracked,) = client.search_runs([client.get_experiment_by_name(REGISTERED_EXPERIMENT).experiment_id])
     assert tracked.info.status == "FINISHED"
     found = versions_by_step(client, name)
     assert sorted(found) == [3, 6, 9, 12] and all(len(v) == 1 for v in found.values())
@@ -196,7 +191,7 @@ def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
     assert not (run.output_dir / QUEUE_DIR).exists() or not pending_snapshots(run.output_dir / QUEUE_DIR)
 
     # The finished run relaunched: it resumes at its last step and registers nothing new.
-    again = launch_tiny_distillation(*settings)
+    again = Launch(tiny_teacher_dir, tiny_dataset_dir, run.output_dir, registered_settings(uri))
     assert "resumed from step 12" in again.wait()
     assert {s: len(v) for s, v in versions_by_step(client, name).items()} == {3: 1, 6: 1, 9: 1, 12: 1}
 

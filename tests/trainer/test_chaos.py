@@ -1,5 +1,5 @@
-"""Chaos resume: a 2-rank run SIGKILLed at many seeded random moments, relaunched each time with the same
-command, ends bitwise where an uninterrupted run ends.
+"""Chaos resume: a 2-rank run SIGKILLed at seeded random moments, relaunched each time with the same command,
+ends bitwise where an uninterrupted run ends.
 
 The driver (:func:`chaos_run`) draws, from a seeded generator, what to kill and when:
 
@@ -31,7 +31,9 @@ import torch
 from helpers import check_latest_is_complete, console_log, latest_step, launch_run, record_fault, records
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_STEPS = 80
+# Each kill costs a relaunch (~20 s on 2 cores, most of it the launcher's start), and a kill moves the run on by
+# one to three steps: six kills (each kind twice) and 40 steps leave the last launch most of the run to finish.
+MAX_STEPS = 40
 SETTINGS = [
     f"max_steps={MAX_STEPS}",
     "checkpoint.every_steps=2",
@@ -39,7 +41,7 @@ SETTINGS = [
     "eval.every_steps=20",
     "logging.every_steps=1",
 ]
-KILLS = 10
+KILLS = 6
 SEED = 54
 RUN_TIMEOUT = 300
 
@@ -162,7 +164,7 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.full
 @pytest.mark.integration
-def test_ten_sigkills_at_random_moments_end_bitwise_where_an_uninterrupted_run_ends(
+def test_sigkills_at_random_moments_end_bitwise_where_an_uninterrupted_run_ends(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path
 ) -> None:
     reference = tmp_path / "reference" / "run"

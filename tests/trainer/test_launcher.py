@@ -113,11 +113,28 @@ def consumed_samples(trace: Path, steps_per_rank: int | None = None) -> collecti
 
 
 @pytest.fixture(scope="module")
-def zero3_run(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> Path:
-    """Also profiles steps 3 and 4 (the profiler changes no number: its losses are the reference run's)."""
-    out = tmp_path_factory.mktemp("zero3") / "run"
+def zero3_runs(tmp_path_factory, tiny_teacher_dir: Path, tiny_dataset_dir: Path) -> tuple[Path, Path]:
+    """Two ZeRO-3 runs launched on this machine at once, 2 s apart, neither given a port: the plain one (which
+    also profiles steps 3 and 4; the profiler changes no number) and one with ``objective.vocab_multiple=64``.
+    Both must finish: on the launcher's fixed default port 29500 the second either died on EADDRINUSE or its
+    ranks joined the first run's group and both crashed; each now meets on a port the system picked for it
+    (trainer.runtime.engine)."""
+    root = tmp_path_factory.mktemp("zero3")
     profile = ("profile.steps=2", "profile.start_step=3", "profile.trace=true")
-    return run(tiny_teacher_dir, tiny_dataset_dir, out, ZERO3, *profile)
+    plain = root / "run"
+    first = start(tiny_teacher_dir, tiny_dataset_dir, plain, ZERO3, *profile)
+    time.sleep(2)  # the first run's ranks are meeting by now
+    padded = root / "padded"
+    try:
+        finish(start(tiny_teacher_dir, tiny_dataset_dir, padded, ZERO3, "objective.vocab_multiple=64"), padded)
+    finally:
+        finish(first, plain)
+    return plain, padded
+
+
+@pytest.fixture(scope="module")
+def zero3_run(zero3_runs: tuple[Path, Path]) -> Path:
+    return zero3_runs[0]
 
 
 def check_finished_run(output_dir: Path) -> None:
@@ -196,11 +213,12 @@ def test_zero3_run_trains_like_zero2_and_exports(zero3_run: Path, reference_run:
 
 @pytest.mark.full
 def test_a_padded_vocabulary_trains_like_the_plain_one_under_zero3_and_exports_a_plain_student(
-    zero3_run: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path: Path
+    zero3_runs: tuple[Path, Path],
 ) -> None:
     """``objective.vocab_multiple=64`` through the real engine, with ZeRO-3 partitioning the decoder's (tied)
-    weight: the plain ZeRO-3 run's losses, and a student exported with the tokenizer's 30,522 rows."""
-    out = run(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "run", ZERO3, "objective.vocab_multiple=64")
+    weight: the plain ZeRO-3 run's losses, and a student exported with the tokenizer's 30,522 rows. The two
+    ran at once (``zero3_runs``): two launches on one machine, neither given a port, both finish."""
+    zero3_run, out = zero3_runs
     check_finished_run(out)
     check_student(out / "student")
     plain, padded = train_losses(zero3_run), train_losses(out)
@@ -355,24 +373,6 @@ def test_a_dataset_in_an_object_store_trains_resumes_and_waits_out_an_outage_lik
     assert json.loads(done.stdout)["data"]["found"] is True
 
 
-@pytest.mark.full
-def test_two_nodes_launched_from_a_hostfile_without_ssh_train_like_one_node(
-    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path
-) -> None:
-    """Two launcher invocations acting as two machines of one CPU rank each, as a cluster without
-    passwordless ssh starts them: the same hostfile, ``--no_ssh``, each its ``--node_rank``, the first
-    node's address and an explicit port. They form one world of two ranks (not two runs of one: the
-    free-port rendezvous of a one-node launch must stand aside) whose losses are the one-node run's."""
-    out = tmp_path / "run"
-    nodes = two_nodes(out, tiny_teacher_dir, tiny_dataset_dir)
-    for node, proc in enumerate(nodes):
-        finish(proc, out, f"node{node}")
-        log = console_log(out, f"node{node}").read_text()
-        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in log and "dist_world_size=2" in log
-    assert train_losses(out) == train_losses(reference_run)
-    check_student(out / "student")
-
-
 def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: str = "") -> list[subprocess.Popen]:
     """Two launcher invocations acting as two machines of one CPU rank each: one hostfile, ``--no_ssh``, each
     its ``--node_rank``, the first node's address and an explicit port."""
@@ -400,7 +400,11 @@ def two_nodes(out: Path, teacher: Path, data: Path, *overrides: str, log_name: s
 def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume(
     tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, lost: int, how: str
 ) -> None:
-    """A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
+    """Two launcher invocations act as two machines of one CPU rank each (:func:`two_nodes`), as a cluster without
+    passwordless ssh starts them; they form one world of two ranks (not two runs of one: the free-port rendezvous
+    of a one-node launch must stand aside) whose losses are the one-node run's.
+
+    A node frozen mid-step (SIGSTOP: its sockets stay open, as a node that lost power or its network leaves
     them) would hold the other inside a collective until the process group's 10-minute timeout. With
     ``deepspeed.peer_timeout_s=10`` the other node stops within about 10 s plus a heartbeat, with one line naming
     the lost rank and node (for node 0, the rendezvous store it hosts). A node whose processes are killed
@@ -442,8 +446,12 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
     relaunched = time.monotonic()
     for node, proc in enumerate(two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")):
         finish(proc, out, f"node{node}-relaunch")
+        relaunch_log = console_log(out, f"node{node}-relaunch").read_text()
+        assert f"nnodes=2, num_local_procs=1, node_rank={node}" in relaunch_log and "dist_world_size=2" in relaunch_log
     assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
+    # Both launches' steps together, as two nodes of one rank each: the one-node two-rank run's losses.
     assert train_losses(out) == train_losses(reference_run)
+    check_student(out / "student")
     signal_name = "SIGSTOP" if how == "frozen" else "SIGKILL"
     record_fault(
         f"node-{lost}-{how}",
@@ -518,23 +526,25 @@ OPTIMIZER_LINE = r"optimizer step (\d+), \|exp_avg\| (\S+), \|exp_avg_sq\| (\S+)
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stages", [(1, 2, 1), (3, 3, 3)], ids=["zero1-zero2-zero1", "zero3"])
 def test_a_run_resumes_on_fewer_and_on_more_ranks_with_its_optimizer_and_data_position(
-    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, stage: int
+    tmp_path: Path, tiny_teacher_dir: Path, tiny_dataset_dir: Path, reference_run: Path, stages: tuple[int, ...]
 ) -> None:
-    """ZeRO-``stage``: 3 steps on 2 ranks, 3 more on 1 (from a checkpoint of 2), 3 more on 2 (from a
-    checkpoint of 1), each launch resuming through the universal checkpoint. Adam's state comes along
-    each time (the same step count and moment norms after the load as at the save, and 9 steps at the
-    end), and the three launches together consume exactly the samples of the reference run's first 9
-    steps: within the epoch no sample is skipped or seen twice across either change."""
+    """3 steps on 2 ranks, 3 more on 1 (from a checkpoint of 2), 3 more on 2 (from a checkpoint of 1), each
+    launch resuming through the universal checkpoint, under the ZeRO stage ``stages`` names for it. ZeRO-1 and
+    -2 share one optimizer, checkpoint layout, conversion and universal loader (DeepSpeed's stage_1_and_2.py;
+    they differ in how gradients are reduced, which no checkpoint holds): one sequence saves and loads under
+    each, across both changes of world size. ZeRO-3 (its own layout and loader) has a sequence of its own.
+    Adam's state comes along each time (the same step count and moment norms after the load as at the save,
+    and 9 steps at the end), and the three launches together consume exactly the samples of the reference
+    run's first 9 steps: within the epoch no sample is skipped or seen twice across either change."""
     out, trace = tmp_path / "run", tmp_path / "samples"
-    zero = f"deepspeed.config=configs/deepspeed/zero{stage}.json"
-    for ranks, max_steps in ((2, 3), (1, 6), (2, 9)):
+    for stage, (ranks, max_steps) in zip(stages, ((2, 3), (1, 6), (2, 9)), strict=True):
         proc = start(
             tiny_teacher_dir,
             tiny_dataset_dir,
             out,
-            zero,
+            f"deepspeed.config=configs/deepspeed/zero{stage}.json",
             f"max_steps={max_steps}",
             launcher=("--num_gpus", str(ranks)),
             env={SAMPLE_TRACE_ENV: str(trace)},
@@ -692,26 +702,3 @@ def test_more_streams_than_samples_fail_before_the_teacher_is_read(
     proc = run_in_repo(["bash", "launch/run.sh", "configs/tiny-cpu.yaml", *overrides], env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fewer than its 100000 streams" in proc.stderr
-
-
-@pytest.mark.full
-def test_two_demo_sized_launches_at_once_both_finish(tmp_path: Path, tiny_dataset_dir: Path) -> None:
-    """The demo's config (the real all-MiniLM-L6-v2 teacher) launched twice on this machine, 2 s apart,
-    neither given a port. On the launcher's fixed default port 29500 the second run either died on
-    EADDRINUSE or its ranks joined the first run's group and both crashed; each now meets on a port
-    the system picked for it (trainer.runtime.engine)."""
-    from helpers import minilm_dir
-
-    # No tracking: the preset's register_as would track (and register) even with enabled=false, into the default
-    # store in the working directory, the checkout.
-    overrides = ("max_steps=4", "eval.every_steps=4", "checkpoint.every_steps=4", "mlflow.enabled=false")
-    overrides += ("mlflow.register_as=null", "mlflow.alias=null")
-    runs = []
-    for name in ("first", "second"):
-        out = tmp_path / name
-        runs.append((out, start(minilm_dir(), tiny_dataset_dir, out, *overrides, config="configs/demo-minilm-3l.yaml")))
-        time.sleep(2)
-    for out, proc in runs:
-        finish(proc, out)
-        assert [r["step"] for r in records(out) if "train/loss" in r] == [1, 2, 3, 4]
-        assert (out / "student" / "model.safetensors").is_file()
