@@ -17,6 +17,10 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
@@ -578,3 +582,35 @@ class TcpProxy:
                     sock.shutdown(socket.SHUT_RDWR)
             with self.lock:
                 self.open.discard(src)
+
+
+def score_matrix_mse(
+    student_query: torch.Tensor,
+    student_key: torch.Tensor,
+    teacher_query: torch.Tensor,
+    teacher_key: torch.Tensor,
+    num_heads: int,
+    mask: torch.Tensor,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """TinyBERT's attention loss as its definition writes it (and its reference code computes it): both
+    ``[batch, heads, seq, seq]`` score matrices, their squared difference averaged over real (query, key) pairs
+    and heads; in float32, or ``dtype`` (float64: the precise reference). The trainer's ``attention_score_mse``
+    computes the same from ``d x d`` Gram matrices and never makes a ``seq x seq`` tensor; the tests hold the two
+    equal. (It was ``benchmarks/attention_loss.py``'s, retired.)"""
+    import math
+
+    import torch
+
+    from trainer.objective.layer_methods.base import split_heads
+
+    dtype = dtype or torch.float32
+
+    def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        q, k = split_heads(q.to(dtype), num_heads), split_heads(k.to(dtype), num_heads)
+        return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+    real = mask.to(dtype)
+    pairs = (real.unsqueeze(-1) * real.unsqueeze(-2)).unsqueeze(1)
+    squared = (scores(student_query, student_key) - scores(teacher_query, teacher_key)).square() * pairs
+    return squared.sum() / (pairs.sum() * num_heads)
