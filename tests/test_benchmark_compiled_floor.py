@@ -65,15 +65,17 @@ def test_library_calls_are_paired_by_kind_and_generated_kernels_by_category_alon
 
 @pytest.fixture(scope="module")
 def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:
-    """DistilBERT's recipe from a 4-layer, 64-wide BERT teacher (config only: random weights)."""
+    """DistilBERT's recipe from a 2-layer, 32-wide BERT teacher (config only: random weights): the smallest that
+    keeps every kind of kernel, so that its compiles cost seconds, not minutes."""
     from transformers import BertConfig
 
     teacher = tmp_path_factory.mktemp("teacher")
     BertConfig(
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
+        vocab_size=512,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
         architectures=["BertForMaskedLM"],
     ).save_pretrained(teacher)
     # the decoder as the model has it: the counted FLOPs are then exactly the model's (the padded decoder's extra
