@@ -585,19 +585,20 @@ class TcpProxy:
 
 
 def score_matrix_mse(
-    student_query: torch.Tensor,
-    student_key: torch.Tensor,
-    teacher_query: torch.Tensor,
-    teacher_key: torch.Tensor,
-    num_heads: int,
+    sq: torch.Tensor,
+    sk: torch.Tensor,
+    tq: torch.Tensor,
+    tk: torch.Tensor,
+    heads: int,
     mask: torch.Tensor,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """TinyBERT's attention loss as its definition writes it (and its reference code computes it): both
-    ``[batch, heads, seq, seq]`` score matrices, their squared difference averaged over real (query, key) pairs
-    and heads; in float32, or ``dtype`` (float64: the precise reference). The trainer's ``attention_score_mse``
-    computes the same from ``d x d`` Gram matrices and never makes a ``seq x seq`` tensor; the tests hold the two
-    equal. (It was ``benchmarks/attention_loss.py``'s, retired.)"""
+    """TinyBERT's attention loss of the student's and the teacher's queries and keys (``sq``, ``sk``, ``tq``,
+    ``tk``) as its definition writes it (and its reference code computes it): both ``[batch, heads, seq, seq]``
+    score matrices, their squared difference averaged over real (query, key) pairs and heads; in float32, or
+    ``dtype`` (float64: the precise reference). The trainer's ``attention_score_mse`` computes the same from
+    ``d x d`` Gram matrices and never makes a ``seq x seq`` tensor; the tests hold the two equal. (It was
+    ``benchmarks/attention_loss.py``'s, retired.)"""
     import math
 
     import torch
@@ -607,10 +608,10 @@ def score_matrix_mse(
     dtype = dtype or torch.float32
 
     def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        q, k = split_heads(q.to(dtype), num_heads), split_heads(k.to(dtype), num_heads)
+        q, k = split_heads(q.to(dtype), heads), split_heads(k.to(dtype), heads)
         return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
 
     real = mask.to(dtype)
     pairs = (real.unsqueeze(-1) * real.unsqueeze(-2)).unsqueeze(1)
-    squared = (scores(student_query, student_key) - scores(teacher_query, teacher_key)).square() * pairs
-    return squared.sum() / (pairs.sum() * num_heads)
+    squared = (scores(sq, sk) - scores(tq, tk)).square() * pairs
+    return squared.sum() / (pairs.sum() * heads)
