@@ -60,23 +60,18 @@ from benchmarks.step_floor import (
     floor_markdown,
     floor_parser,
     floor_report,
+    model_configs,
+    model_flops,
     optimizer_costs,
     parsed_floor_args,
+    trainable_parameters,
 )
 from common.cli import run_cli
 from common.config import ConfigError
 from trainer.config import TrainConfig
-from trainer.modeling import (
-    base_config,
-    build_student,
-    load_teacher_config,
-    model_from_config,
-    student_config,
-    training_dtype,
-)
-from trainer.objective.distiller import Distiller, validate_against_teacher
+from trainer.modeling import build_student, model_from_config, training_dtype
+from trainer.objective.distiller import Distiller
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
-from trainer.planning.plan import meta_distiller, step_flops_per_token
 from trainer.runtime.profiling import op_category
 
 # The two micro-batches a CPU count compiles: 1 is specialised as a broadcast size, and at 2 Inductor fused the
@@ -239,7 +234,7 @@ def kernel_costs(nodes: list[tuple[Any, int]]) -> list[OpCost]:
 def count_batch(cfg: TrainConfig, seq_len: int, micro_batch: int, device: torch.device) -> list[OpCost]:
     """Inductor's kernels for one compiled forward and backward of ``cfg``'s Distiller at ``micro_batch`` x
     ``seq_len`` (random weights, a packed batch with every masked-position slot used), in order."""
-    teacher_config = load_teacher_config(cfg.teacher) if cfg.teacher is not None else None
+    teacher_config = model_configs(cfg)[0]
     torch._dynamo.reset()  # a fresh compile: the count is taken while compiling
     torch.manual_seed(cfg.seed)
     teacher = None if teacher_config is None else model_from_config(teacher_config).requires_grad_(False).eval()
@@ -343,17 +338,11 @@ def compiled_floor(
     device: torch.device,
 ) -> dict[int, dict[str, Any]]:
     """Per micro-batch: :func:`count_compiled_step`, then :func:`compiled_report` against ``plan``'s model FLOPs."""
-    teacher_config = load_teacher_config(cfg.teacher) if cfg.teacher is not None else None
-    validate_against_teacher(cfg, teacher_config)
-    s_config = student_config(cfg.student, base_config(cfg.student, teacher_config))
-    per_token = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
-    distiller, _ = meta_distiller(cfg, teacher_config, s_config)
-    params = [p for p in distiller.parameters() if p.requires_grad]
-    trainable, weight_bytes = sum(p.numel() for p in params), params[0].element_size()
+    trainable, weight_bytes = trainable_parameters(cfg)
     reports = {}
     for micro, kernels in count_compiled_step(cfg, seq_len, micro_batches, device).items():
-        model_flops = per_token["total"] * micro * seq_len
-        report = compiled_report(kernels, trainable, model_flops, matmul_flops, bandwidth, peak_flops, weight_bytes)
+        flops = model_flops(cfg, seq_len, micro)
+        report = compiled_report(kernels, trainable, flops, matmul_flops, bandwidth, peak_flops, weight_bytes)
         reports[micro] = {**report, "micro_batch_size": micro, "seq_len": seq_len, "counted_on": device.type}
     return reports
 

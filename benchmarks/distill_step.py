@@ -57,19 +57,21 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 from torch.profiler import profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.compiled_floor import compiled_report, inductor_counts, kernel_costs
-from benchmarks.host_reads import PhasedReads, issuer
-from benchmarks.naive_step import NaiveStep, clip_gradients
+from benchmarks.naive_step import NaiveStep
 from benchmarks.peer_step import PEER, PeerStep
 from benchmarks.step_floor import floor_markdown, measured_ceilings, step_floor
+from benchmarks.step_parts import clip_gradients
 from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
@@ -120,14 +122,40 @@ def profile_steps(step: Any, first: int, count: int, device: torch.device) -> di
     return summarize(prof, count, wall_ms, device.type == "cuda")
 
 
+class OpCount(TorchDispatchMode):
+    """Counts the aten ops dispatched under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 def ops_per_step(step: Any, i: int) -> int:
-    """The aten ops one step dispatches (``benchmarks/host_reads.py`` counts the engine's the same way): each is
-    host work, and on CUDA most are a kernel launch. Not counted for a compiled step, whose kernels bypass it."""
-    counter = PhasedReads()
-    counter.counting = True
-    with counter:
+    """The aten ops one step dispatches: each is host work, and on CUDA most are a kernel launch. Not counted for
+    a compiled step, whose kernels bypass the dispatcher."""
+    with OpCount() as counter:
         step(i)
-    return sum(counter.ops.values())
+    return counter.ops
+
+
+TORCH_ROOT = str(Path(torch.__file__).parents[1]) + "/"
+REPO_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+def issuer(frame: FrameType | None) -> str:
+    """``path:line function`` of the nearest frame outside torch, from ``frame`` outwards: the code that issued
+    the op being dispatched. On CUDA autograd runs the backward on a thread of its own, whose stack holds no frame
+    of ours at all (the second GPU campaign's bare steps failed on it where a CPU never goes)."""
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_ROOT + "torch/"):
+        frame = frame.f_back
+    if frame is None:
+        return "autograd engine thread (backward)"
+    path = frame.f_code.co_filename.removeprefix(TORCH_ROOT).removeprefix(REPO_ROOT)
+    return f"{path}:{frame.f_lineno} {frame.f_code.co_name}"
 
 
 def peer_version() -> dict[str, str]:
@@ -174,7 +202,7 @@ class PeakSites(LiveBytes):
 
     def made(self, key: int, nbytes: int, func: Any) -> None:
         # frames: this method, LiveBytes.__torch_dispatch__, then torch's and the op's caller
-        self.sites[key] = (f"{func.__name__} <- {issuer(sys._getframe(2), line=True)}", nbytes)
+        self.sites[key] = (f"{func.__name__} <- {issuer(sys._getframe(2))}", nbytes)
 
     def peaked(self) -> None:
         self.at_peak = {}

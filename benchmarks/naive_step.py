@@ -20,7 +20,7 @@ What it shares with the project's step, so that the ratio measures the recipe an
 52): the teacher runs in the same 16-bit dtype as the project's (under autocast here, with 16-bit weights
 there); it used to run in float32 with TF32 off, at least ~58 of its ~135 ms a step on an H200. And the
 gradients are clipped the same way as in every step ``distill_step.py`` times and as the engine does
-(DeepSpeed's ``gradient_clipping``): their global norm to ``optimizer.grad_clip`` (:func:`clip_gradients`;
+(DeepSpeed's ``gradient_clipping``): their global norm to ``optimizer.grad_clip`` (``step_parts.clip_gradients``;
 0 turns it off for all of them).
 
 Only the output-level terms of DistilBERT (``objective.ce``, ``mlm``, ``cos``) are implemented: a
@@ -29,43 +29,27 @@ config with layer terms is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from common.config import ConfigError
+from benchmarks.step_parts import clip_gradients, refuse_layer_terms, torch_adamw, training_autocast
 from trainer.config import TrainConfig
-from trainer.objective.layer_distillation import method_class
-
-
-def clip_gradients(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> None:
-    """What every step ``distill_step.py`` times does before its optimizer step, as the engine does (DeepSpeed's
-    ``gradient_clipping`` is ``optimizer.grad_clip``): the gradients' global norm clipped to ``optimizer.grad_clip``,
-    nothing where it is 0. No host sync: the clip coefficient stays on the device."""
-    if cfg.optimizer.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.optimizer.grad_clip)
 
 
 class NaiveStep:
     """One optimizer step of the naive recipe on a host batch; returns the logged floats."""
 
     def __init__(self, cfg: TrainConfig, teacher: Any, student: Any, tokenizer: Any, device: torch.device) -> None:
-        for name in cfg.objective.LAYER_METHODS:
-            if method_class(name).active_weights(getattr(cfg.objective, name)):
-                raise ConfigError(f"objective.{name}: the naive step implements DistilBERT's output terms only")
+        refuse_layer_terms(cfg, "the naive step")
         self.cfg, self.device = cfg, device
         self.teacher = teacher.float().to(device).eval()  # float32 weights, as most scripts leave them
         self.student = student.to(device).train()
         self.mask_id, self.vocab = tokenizer.mask_token_id, len(tokenizer)
         self.special = torch.tensor(tokenizer.all_special_ids)
-        opt = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.student.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay
-        )
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.deepspeed.precision)
-        self.autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+        self.optimizer = torch_adamw(self.student, cfg)
+        self.autocast = training_autocast(cfg, device)
 
     def mask_on_host(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(corrupted ids, labels with -100 where nothing is predicted), both still on the CPU."""

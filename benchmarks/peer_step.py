@@ -46,10 +46,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.naive_step import clip_gradients
+from benchmarks.step_parts import clip_gradients, refuse_layer_terms, torch_adamw, training_autocast
 from common.config import ConfigError
 from trainer.config import TrainConfig
-from trainer.objective.layer_distillation import method_class
 
 PEER = "textbrewer"
 PEER_VERSION = "0.2.1.post1"
@@ -94,11 +93,8 @@ class PeerStep:
         device: torch.device,
         host_batches: list[torch.Tensor],
     ) -> None:
-        obj = cfg.objective
-        for name in obj.LAYER_METHODS:
-            if method_class(name).active_weights(getattr(obj, name)):
-                raise ConfigError(f"objective.{name}: the peer step is configured for DistilBERT's output terms only")
-        if obj.mse > 0:
+        refuse_layer_terms(cfg, "the peer step")
+        if cfg.objective.mse > 0:
             raise ConfigError("objective.mse: the peer step is configured for DistilBERT's output terms only")
         textbrewer = load_textbrewer()
         from transformers import DataCollatorForLanguageModeling
@@ -119,10 +115,7 @@ class PeerStep:
             masked = collator([{"input_ids": row} for row in ids])
             inputs = {"input_ids": masked["input_ids"], "attention_mask": masked["attention_mask"]}
             self.batches.append({"teacher": inputs, "student": {**inputs, "labels": masked["labels"]}})
-        opt = cfg.optimizer
-        optimizer = torch.optim.AdamW(
-            self.student.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay
-        )
+        optimizer = torch_adamw(self.student, cfg)
         self.distiller = textbrewer.GeneralDistiller(
             train_config=textbrewer.TrainingConfig(device=device, log_dir=None, output_dir=tempfile.mkdtemp()),
             distill_config=textbrewer.DistillationConfig(
@@ -134,8 +127,7 @@ class PeerStep:
             adaptor_S=self.adaptor,
         )
         self.optimizer, _, _ = self.distiller.initialize_training(optimizer, None, None, None)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.deepspeed.precision)
-        self.autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+        self.autocast = training_autocast(cfg, device)
         self.logits_mask: torch.Tensor | None = None
         self.steps = 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks import demo_time, suite_time  # noqa: E402
 from benchmarks.demo_time import minutes  # noqa: E402
 from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
@@ -277,8 +278,6 @@ def task_distill_row() -> str:
 
 
 def suite_time_table() -> str:
-    from benchmarks import suite_time
-
     result = load(SUITE_TIME)
     cpus = f"{result['machine']['cpus']} CPUs"
     return (
@@ -288,8 +287,6 @@ def suite_time_table() -> str:
 
 
 def demo_time_table() -> str:
-    from benchmarks import demo_time
-
     return demo_time.table(load(DEMO_TIME)) if (REPO / DEMO_TIME).exists() else "Not measured yet."
 
 

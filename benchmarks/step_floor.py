@@ -161,12 +161,30 @@ def optimizer_costs(trainable: int, weight_bytes: int) -> list[OpCost]:
     return [cast, update, copy_back]
 
 
-def count_step(cfg: TrainConfig, seq_len: int) -> list[OpCost]:
-    """Every op of one bare step (forward, backward, optimizer) of ``cfg`` at ``micro_batch_size`` x ``seq_len``."""
+def model_configs(cfg: TrainConfig) -> tuple[Any, Any]:
+    """(teacher config or None, student config) of ``cfg``, checked against each other as training checks them."""
     teacher_config = None if cfg.teacher is None else load_teacher_config(cfg.teacher)
     validate_against_teacher(cfg, teacher_config)
-    s_config = student_config(cfg.student, base_config(cfg.student, teacher_config))
-    distiller, _ = meta_distiller(cfg, teacher_config, s_config)
+    return teacher_config, student_config(cfg.student, base_config(cfg.student, teacher_config))
+
+
+def model_flops(cfg: TrainConfig, seq_len: int, micro_batch: int) -> float:
+    """``plan``'s model FLOPs for one step of ``cfg`` at ``micro_batch`` x ``seq_len``: what MFU counts."""
+    teacher_config, s_config = model_configs(cfg)
+    per_token = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
+    return per_token["total"] * micro_batch * seq_len
+
+
+def trainable_parameters(cfg: TrainConfig) -> tuple[int, int]:
+    """(how many parameters the step trains, the bytes of one in the training dtype), counted on the meta device."""
+    distiller, _ = meta_distiller(cfg, *model_configs(cfg))
+    params = [p for p in distiller.parameters() if p.requires_grad]
+    return sum(p.numel() for p in params), params[0].element_size()
+
+
+def count_step(cfg: TrainConfig, seq_len: int) -> list[OpCost]:
+    """Every op of one bare step (forward, backward, optimizer) of ``cfg`` at ``micro_batch_size`` x ``seq_len``."""
+    distiller, _ = meta_distiller(cfg, *model_configs(cfg))
     batch = meta_batch(cfg.micro_batch_size, cfg.masking.probability, seq_len)
     traffic = StepTraffic()
     with flash_attention_saves(traffic.attention), dropout_as_on_a_gpu(), traffic:
@@ -298,11 +316,8 @@ def step_floor(
     measured: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """:func:`count_step`, then :func:`floor_report` against ``plan``'s model FLOPs for the same step."""
-    teacher_config = None if cfg.teacher is None else load_teacher_config(cfg.teacher)
-    s_config = student_config(cfg.student, base_config(cfg.student, teacher_config))
-    per_token = step_flops_per_token(cfg.objective, teacher_config, s_config, cfg.masking.probability, seq_len)
-    model_flops = per_token["total"] * cfg.micro_batch_size * seq_len
-    return floor_report(count_step(cfg, seq_len), matmul_flops, bandwidth, model_flops, peak_flops, measured)
+    flops = model_flops(cfg, seq_len, cfg.micro_batch_size)
+    return floor_report(count_step(cfg, seq_len), matmul_flops, bandwidth, flops, peak_flops, measured)
 
 
 # ------------------------------------------------------------------------------- the device's ceilings

@@ -17,6 +17,10 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "tests" / "data" / "python-docs-sample.jsonl.gz"
@@ -578,3 +582,36 @@ class TcpProxy:
                     sock.shutdown(socket.SHUT_RDWR)
             with self.lock:
                 self.open.discard(src)
+
+
+def score_matrix_mse(
+    sq: torch.Tensor,
+    sk: torch.Tensor,
+    tq: torch.Tensor,
+    tk: torch.Tensor,
+    heads: int,
+    mask: torch.Tensor,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """TinyBERT's attention loss of the student's and the teacher's queries and keys (``sq``, ``sk``, ``tq``,
+    ``tk``) as its definition writes it (and its reference code computes it): both ``[batch, heads, seq, seq]``
+    score matrices, their squared difference averaged over real (query, key) pairs and heads; in float32, or
+    ``dtype`` (float64: the precise reference). The trainer's ``attention_score_mse`` computes the same from
+    ``d x d`` Gram matrices and never makes a ``seq x seq`` tensor; the tests hold the two equal. (It was
+    ``benchmarks/attention_loss.py``'s, retired.)"""
+    import math
+
+    import torch
+
+    from trainer.objective.layer_methods.base import split_heads
+
+    dtype = dtype or torch.float32
+
+    def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        q, k = split_heads(q.to(dtype), heads), split_heads(k.to(dtype), heads)
+        return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+    real = mask.to(dtype)
+    pairs = (real.unsqueeze(-1) * real.unsqueeze(-2)).unsqueeze(1)
+    squared = (scores(sq, sk) - scores(tq, tk)).square() * pairs
+    return squared.sum() / (pairs.sum() * heads)

@@ -87,7 +87,8 @@ def test_capture_rejects_missing_layers_and_non_bert_models():
 
 def test_distiller_layer_terms_equal_a_direct_computation():
     """The Distiller's layer terms, recomputed from ``output_hidden_states`` and the layers' own Q/K/V linears."""
-    from benchmarks.attention_loss import score_matrix_mse
+    from helpers import score_matrix_mse
+
     from common.config import load_config
     from trainer.config import ObjectiveConfig, StudentConfig
     from trainer.modeling import build_student

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from helpers import score_matrix_mse
 from transformers import BertConfig
 
-from benchmarks.attention_loss import score_matrix_mse
 from common.config import ConfigError, load_config
 from trainer.config import ObjectiveConfig
 from trainer.objective.capture import Captured
