@@ -132,8 +132,8 @@ class RowPaddedLinear(nn.Linear):
     2-element-aligned Ampere kernel beside the Hopper kernels of every other matmul (docs/log/benchmarks.md).
     Padding the model's vocabulary itself would make the exported student a 30,528-token BERT that its
     tokenizer does not match; padding at each call costs copies of the weight and the logits' gradient
-    instead (``benchmarks/losses.py`` times both ways). It holds the decoder's own parameters, so tied
-    weights stay tied and parameter names, checkpoints and export are unchanged.
+    instead (timed both ways by the retired ``benchmarks/losses.py``: docs/log/benchmarks.md). It holds the
+    decoder's own parameters, so tied weights stay tied and parameter names, checkpoints and export are unchanged.
     """
 
     def __init__(self, linear: nn.Linear, multiple: int) -> None:

@@ -257,8 +257,8 @@ class StudentFacts:
 
 @dataclass
 class Stepper:
-    """What a training step does with its parts, built once by :func:`train`. ``benchmarks/host_reads.py``
-    steps the same parts, so that its census counts this loop and not a copy of it."""
+    """What a training step does with its parts, built once by :func:`train`, so that a step is one call that
+    tests and profilers can drive as the loop does."""
 
     engine: Any
     masker: DynamicMasker

@@ -231,7 +231,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, *, load_universal: bool 
     ds.setdefault("steps_per_print", 10**9)  # the trainer logs; keep DeepSpeed's own step log quiet
     # DeepSpeed's throughput timer (on by default, read by nothing here: the trainer meters its own steps)
     # synchronises the device at the start of every forward and the end of every step, so the host could
-    # never queue a step ahead of the GPU (benchmarks/host_reads.py counts it; docs/log/benchmarks.md).
+    # never queue a step ahead of the GPU (counted by the retired benchmarks/host_reads.py; docs/log/benchmarks.md).
     ds.setdefault("timers", {"throughput": {"enabled": False}})
     if offloads_optimizer(ds):
         opt = cfg.optimizer

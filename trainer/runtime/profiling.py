@@ -10,7 +10,7 @@ and writes beside the run's metrics, for each rank:
   ``chrome://tracing`` (tens of MB a step at full size).
 
 A GPU busy well below 100 % means the step waits on the host: launches, Python, or a read of a device
-value that made the host wait (``benchmarks/host_reads.py`` finds those). The profiler's own cost
+value that made the host wait (``trainer.runtime.host_reads.HostReads`` finds those). The profiler's own cost
 inflates the host side, so the busy share of a host-bound step reads lower than it is; the device's
 time per step is not inflated. Time is each op's self time on the device (CUDA: the kernels it
 launched; CPU: its own CPU time), so nothing is counted twice.
