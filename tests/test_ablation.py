@@ -1,8 +1,11 @@
 """The quality ablation (benchmarks/quality/ablation.sh) end to end at toy size: the real Beam pipeline on a
 slice of a corpus, the teacher pretrained by the deepspeed launcher (on one CPU rank, as the gpu scale runs on
-one GPU), every student variant distilled from it and four from the real all-MiniLM-L6-v2, evaluate-mlm and
-evaluate-suite on all of them, and the report. It checks that every row and column is there, not which way the
-results go.
+one GPU), students distilled from it and from the real all-MiniLM-L6-v2 (the full recipe (a) and its untrained
+start (f), ``ABLATION_VARIANTS``), evaluate-mlm and evaluate-suite on all of them, and the report. It checks
+that every row and column is there, not which way the results go. Each variant is one change to the students'
+config (benchmarks/quality/ablation/variants.sh), validated here against the trainer's config at every scale
+without training it, and the report's comparisons of the other variants are checked on the cpu scale's
+committed reports; what a variant changes in training is the trainer's own (tests/trainer).
 
 It runs the way the offline GPU machine will (docs/gpu-machine.md, "The ablation on the GPU machine"),
 so one run covers both: benchmarks/quality/gpu_prepare.sh makes step 1's dataset with Beam and packs it
@@ -20,25 +23,120 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from helpers import ABSENT_ON_GPU_MACHINE, REPO, block_imports
 from safetensors.torch import load_file
 
-VARIANTS = "abcdef"  # DistilBERT's (a)-(e) and (f), the untrained start
+from common.config import load_config
+from trainer.config import TrainConfig
+
+VARIANTS = ["a", "f"]  # trained end to end (ABLATION_VARIANTS): the full recipe and its untrained start
 BERT_STUDENTS = [f"bert-{v}" for v in VARIANTS]
-# MiniLM's at the toy scale: (a), (f), both with 4 layers, (a) on 5x the tokens and (a) without attention
-# dropout; its (b)-(e) take the BERT family's code paths
-MINILM_STUDENTS = ["minilm-a", "minilm-f", "minilm-a4", "minilm-f4", "minilm-a5x", "minilm-a0"]
-UNTRAINED = {"bert-f", "minilm-f", "minilm-f4"}
-LONGER = {"minilm-a5x"}  # (a) on 5x the tokens: the second budget
-TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED | LONGER]
+MINILM_STUDENTS = [f"minilm-{v}" for v in VARIANTS]
+UNTRAINED = {"bert-f", "minilm-f"}
+TRAINED = [name for name in BERT_STUDENTS + MINILM_STUDENTS if name not in UNTRAINED]
+QUALITY = REPO / "benchmarks" / "quality"
+CPU_ABLATION = REPO / "docs" / "quality" / "ablation-cpu-2026-11-29"  # the cpu scale's MiniLM ablation, committed
 
 
 def table_rows(markdown: str) -> list[str]:
     """The model rows of an ablation.md ("| family | name: variant | ..."), without the notes below them."""
     return [line for line in markdown.splitlines() if line.startswith("| ") and ": " in line.split(" | ")[1]]
+
+
+def assert_compared(report: dict[str, Any], pairs: set[tuple[str, str]]) -> None:
+    """The report compares exactly ``pairs`` (first, second), each on the suite and the masked LM with a
+    difference inside its 95 % interval and a verdict; the masked LM's is the rows' accuracies' difference."""
+    rows = {row["name"]: row for row in report["rows"]}
+    compared = {(c["first"], c["second"]): c for c in report["comparisons"]}
+    assert set(compared) == pairs
+    for (first, second), pair in compared.items():
+        for figure in ("suite_skill", "mlm_accuracy"):
+            low, high = pair[figure]["ci95"]
+            assert low <= pair[figure]["difference"] <= high, (first, figure)
+            assert pair[figure]["verdict"] in {"first better", "second better", "no measurable difference"}
+        assert pair["mlm_accuracy"]["difference"] == pytest.approx(
+            rows[first]["mlm_accuracy"] - rows[second]["mlm_accuracy"]
+        )
+
+
+def variants(scale: str, teacher: Path) -> dict[str, list[str]]:
+    """Every variant's overrides of the students' config at ``scale``, as ablation.sh gets them from
+    variants.sh for a student of ``teacher`` (3 layers where it is not copied from it)."""
+    script = 'source "$0"; for n in "${VARIANT_NAMES[@]}"; do variant "$n" "$1" 3; '
+    script += 'printf "%s\\t" "$n" "${VARIANT_ARGS[@]}"; echo; done'
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "MINILM": "minilm-dir"}
+    env["STUDENT"] = f"benchmarks/quality/ablation/student-{scale}.yaml"
+    proc = subprocess.run(
+        ["bash", "-c", script, str(QUALITY / "ablation" / "variants.sh"), str(teacher)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {name: args for name, *args in (line.rstrip("\t").split("\t") for line in proc.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("scale", ["toy", "cpu", "gpu"])
+def test_every_variant_is_one_change_to_the_full_recipe_and_a_valid_config(scale: str) -> None:
+    """What each variant trains is what the table says (DistilBERT's table 4 and this project's questions), and
+    the trainer takes it at every scale: a wrong key or value fails here, not hours into a run."""
+    teacher = REPO / "configs" / "teachers" / "bert-base-uncased"
+    found = variants(scale, teacher)
+    assert set(found) == {"a", "b", "c", "d", "e", "f", "a4", "f4", "a5x", "a0", "h", "al"}
+    student = QUALITY / "ablation" / f"student-{scale}.yaml"
+    configs = {
+        name: load_config(TrainConfig, str(student), ["data=unused", "output_dir=unused", *args])
+        for name, args in found.items()
+    }
+    full = configs["a"]
+    assert found["a"] == [f"teacher={teacher}"]
+    changed = {name: set(args) - set(found["a"]) for name, args in found.items()}
+    random_init = {"student.init=random", "student.teacher_layers=null", "student.num_layers=3"}
+    assert changed == {
+        "a": set(),
+        "b": {"objective.cos=0"},
+        "c": {"objective.ce=0"},
+        "d": random_init,
+        "e": {"teacher=null", "tokenizer=minilm-dir", *random_init, f"student.model={teacher}"}
+        | {"objective.ce=0", "objective.cos=0", "objective.mlm=1"},
+        "f": {"max_steps=0"},
+        "a4": {"student.num_layers=4"},
+        "f4": {"student.num_layers=4", "max_steps=0"},
+        "a5x": {f"max_steps={5 * full.max_steps}"},  # the students' own steps, read through the trainer's loader
+        "a0": {"student.attention_dropout=0"},
+        "h": {"objective.ce=0", "objective.mlm=0"},
+        "al": {"optimizer.lr=1e-4"},
+    }
+    assert configs["a5x"].max_steps == 5 * full.max_steps > 0 and configs["f4"].max_steps == 0
+    assert configs["e"].teacher is None and configs["d"].student.init == "random"
+
+
+def test_the_report_compares_each_question_whichever_way_the_scores_list_its_pair() -> None:
+    """The pairs the toy run does not train, from the cpu scale's committed scores: each question asked where
+    both runs were scored, its difference turned round where evaluate-suite listed the pair the other way."""
+    from benchmarks.quality.ablation_report import comparisons
+
+    suite = json.loads((CPU_ABLATION / "suite-minilm.json").read_text())
+    mlm = json.loads((CPU_ABLATION / "mlm-minilm.json").read_text())
+    report = json.loads((CPU_ABLATION / "ablation.json").read_text())
+    found = comparisons("minilm", suite, mlm)
+    assert found == report["comparisons"]
+    pairs = {("minilm-a", "minilm-f"), ("minilm-a5x", "minilm-f"), ("minilm-h", "minilm-f")}
+    assert_compared(report, pairs | {("minilm-al", "minilm-f"), ("minilm-a0", "minilm-a")})
+    # evaluate-suite listed (a) before (a0): the question's (a0) - (a) is that difference turned round
+    [listed] = [
+        d
+        for d in suite["differences"]
+        if (Path(d["first"]).parent.name, Path(d["second"]).parent.name) == ("minilm-a", "minilm-a0")
+    ]
+    asked = next(pair["suite_skill"] for pair in found if pair["first"] == "minilm-a0")
+    assert asked["difference"] == -listed["difference"] and asked["ci95"] == [-listed["ci95"][1], -listed["ci95"][0]]
 
 
 @pytest.mark.full
@@ -58,8 +156,9 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
         "PY": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "SKIP_WHEELS": "1",  # the packages the wheels carry are installed here
+        "ABLATION_VARIANTS": " ".join(VARIANTS),
     }
-    quality = REPO / "benchmarks" / "quality"
+    quality = QUALITY
     inputs = tmp_path / "inputs"  # what a device call carries (.gpu-ablation), less the wheels
     prepare = {**env, "ABLATION_CORPORA": str(corpora), "GPU_ABLATION_WORK": str(tmp_path / "prepare")}
     proc = subprocess.run(
@@ -143,37 +242,9 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert len({rows[name]["tokens"] for name in TRAINED}) == 1
     for family in ("bert", "minilm"):
         assert rows[f"{family}-f"]["tokens"] == 0 and "max_steps=0" in rows[f"{family}-f"]["command"]
-    assert "objective.cos=0" in rows["bert-b"]["command"]
-    assert "objective.ce=0" in rows["bert-c"]["command"]
-    assert "student.init=random" in rows["bert-d"]["command"]
-    assert "teacher=null" in rows["bert-e"]["command"]
-    for name in ("minilm-a4", "minilm-f4"):
-        assert "student.num_layers=4" in rows[name]["command"]
-        assert rows[name]["encoder_params"] > rows["minilm-a"]["encoder_params"]  # 4 of MiniLM's layers, not 3
-    assert rows["minilm-f4"]["tokens"] == 0 and "max_steps=0" in rows["minilm-f4"]["command"]
-    assert (
-        rows["minilm-a5x"]["tokens"] == 5 * rows["minilm-a"]["tokens"]
-        and "max_steps=15" in rows["minilm-a5x"]["command"]
-    )
     # Does the distillation beat the layers it starts from? Each pair with both differences and their intervals,
     # the suite's from evaluate-suite's paired bootstrap, the masked LM's from evaluate-mlm's over batches.
-    pairs = {(c["first"], c["second"]): c for c in report["comparisons"]}
-    assert set(pairs) == {
-        ("bert-a", "bert-f"),
-        ("minilm-a", "minilm-f"),
-        ("minilm-a5x", "minilm-f"),
-        ("minilm-a4", "minilm-f4"),
-        ("minilm-a0", "minilm-a"),  # what attention dropout off costs
-    }
-    assert "student.attention_dropout=0" in rows["minilm-a0"]["command"]
-    for (first, second), pair in pairs.items():
-        for figure in ("suite_skill", "mlm_accuracy"):
-            low, high = pair[figure]["ci95"]
-            assert low <= pair[figure]["difference"] <= high, (first, figure)
-            assert pair[figure]["verdict"] in {"first better", "second better", "no measurable difference"}
-        assert pair["mlm_accuracy"]["difference"] == pytest.approx(
-            rows[first]["mlm_accuracy"] - rows[second]["mlm_accuracy"]
-        )
+    assert_compared(report, {("bert-a", "bert-f"), ("minilm-a", "minilm-f")})
     # MiniLM's head was fitted through the real launcher without changing one value of its encoder.
     assert "benchmarks/quality/ablation/head-toy.yaml" in rows["minilm"]["command"]  # student.trainable: head
     fitted = load_file(out / "minilm-head" / "student" / "model.safetensors")
@@ -195,7 +266,7 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert table in (returned / "ablation.log").read_text()  # the script ends by printing the table
     assert "Steps ran up to 4 at a time" in table
     assert "each task at the best of the learning rates 0.0001, 0.0005" in table
-    assert "Does the distillation beat the layers it starts from" in table and "| minilm-a5x - minilm-f | " in table
+    assert "Does the distillation beat the layers it starts from" in table and "| minilm-a - minilm-f | " in table
 
     # The call returned a report per family; --merge joins them here into the whole run's rows, as it joins
     # the reports of calls that each ran one family.

@@ -53,12 +53,13 @@ def session(out: Path, env: dict[str, str], budget_s: int) -> dict:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What `make gpu-data` carries: the tokenizer and shards (the wheels are installed here already)."""
+    """What `make gpu-data` carries: the tokenizer and shards (the wheels are installed here already); of the
+    shards, the 128-token set alone, which every CPU case and step trains on."""
     inputs = tmp_path_factory.mktemp("gpu") / "inputs"
     data = subprocess.run(
         ["bash", "benchmarks/gpu/data.sh", str(inputs), "demo/corpus.jsonl.gz"],
         cwd=REPO,
-        env={**os.environ, "PY": sys.executable},
+        env={**os.environ, "PY": sys.executable, "GPU_DATA_SEQ_LENS": "128"},
         capture_output=True,
         text=True,
         timeout=300,

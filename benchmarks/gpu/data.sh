@@ -9,7 +9,8 @@
 #   DEST/data-128/    128-token sequences of the first CORPUS alone: a short sequence costs a whole tar header
 #                     (512 bytes), so the same text would take 2.6 times the bytes of the 512-token set
 # CORPUS defaults to demo/corpus.jsonl.gz plus /work/shared/corpora/python-docs.jsonl.gz when present
-# (about 14 MB of text; the whole campaign then carries about 30 MB).
+# (about 14 MB of text; the whole campaign then carries about 30 MB). GPU_DATA_SEQ_LENS: the sets to make
+# (default "128 512"; the CPU dry run of tests/test_gpu_campaign.py trains on the 128-token set alone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.gpu}
@@ -31,7 +32,7 @@ from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1], use_fast=True).save_pretrained(sys.argv[2])
 EOF
 
-for seq in 128 512; do
+for seq in ${GPU_DATA_SEQ_LENS:-128 512}; do
     if [ "$seq" = 128 ]; then inputs=\"${corpora[0]}\"; else inputs=$(printf '"%s",' "${corpora[@]}"); fi
     echo "preprocessing ${corpora[*]} -> $DEST/data-$seq (max_seq_len $seq)"
     HF_HUB_OFFLINE=1 "$PY" -m preprocessing configs/preprocess/example.yaml \

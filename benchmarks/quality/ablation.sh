@@ -105,15 +105,15 @@ case "$SCALE" in
         ;;
 esac
 VARIANTS=(a b c d e f)  # the BERT teacher's students, every scale
+source "$CONF/variants.sh"  # each variant's overrides: variant NAME TEACHER LAYERS
 if [ -n "${ABLATION_VARIANTS:-}" ]; then  # both families' students, instead of the scale's lists
     read -ra VARIANTS <<<"$ABLATION_VARIANTS"
     MINILM_VARIANTS=("${VARIANTS[@]}")
-    for variant in "${VARIANTS[@]}"; do
-        case $variant in a | b | c | d | e | f | a4 | f4 | a5x | a0 | h | al) ;; *)
-            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$variant' (a b c d e f a4 f4 a5x a0 h al)" >&2
+    for name in "${VARIANTS[@]}"; do
+        [[ " ${VARIANT_NAMES[*]} " == *" $name "* ]] || {
+            echo "ablation.sh: ABLATION_VARIANTS: unknown variant '$name' (${VARIANT_NAMES[*]})" >&2
             exit 2
-            ;;
-        esac
+        }
     done
 fi
 LAUNCH=(deepspeed --num_gpus "$RANKS")
@@ -226,37 +226,15 @@ half_depth() {  # the student's depth: half its teacher's, as init=from_teacher 
 }
 
 STUDENT="$CONF/student-$SCALE.yaml"
-student_steps() {  # the students' max_steps, read through the trainer's own config loader (base: included)
-    "$PYTHON" -c 'import sys; from common.config import load_config; from trainer.config import TrainConfig
-print(load_config(TrainConfig, sys.argv[1], ["data=unused", "output_dir=unused"]).max_steps)' "$STUDENT"
-}
 # distil FAMILY TEACHER VARIANT...: the ablation's students of one teacher, all on the same tokens (the
-# student config's steps x batch), each variant one override of DistilBERT's full recipe.
+# student config's steps x batch), each variant one override of DistilBERT's full recipe (variants.sh).
 distil() {
-    local family=$1 teacher=$2 layers
+    local family=$1 teacher=$2 layers name
     shift 2
     layers=$(half_depth "$teacher")
-    local random=(student.init=random student.teacher_layers=null student.num_layers="$layers")
-    for variant in "$@"; do
-        case $variant in
-            a) train "$family-a" "$family" "(a) L_ce + L_mlm + L_cos, teacher init" "$STUDENT" teacher="$teacher" ;;
-            b) train "$family-b" "$family" "(b) without L_cos" "$STUDENT" teacher="$teacher" objective.cos=0 ;;
-            c) train "$family-c" "$family" "(c) without L_ce" "$STUDENT" teacher="$teacher" objective.ce=0 ;;
-            d) train "$family-d" "$family" "(d) random init" "$STUDENT" teacher="$teacher" "${random[@]}" ;;
-            e) train "$family-e" "$family" "(e) L_mlm only, from scratch" "$STUDENT" teacher=null tokenizer="$MINILM" \
-                "${random[@]}" student.model="$teacher" objective.ce=0 objective.cos=0 objective.mlm=1 ;;
-            f) train "$family-f" "$family" "(f) teacher layers, no training" "$STUDENT" teacher="$teacher" max_steps=0 ;;
-            a5x) train "$family-a5x" "$family" "(a) on 5x the tokens" "$STUDENT" teacher="$teacher" \
-                max_steps=$((5 * $(student_steps))) ;;
-            a0) train "$family-a0" "$family" "(a) without attention dropout" "$STUDENT" teacher="$teacher" \
-                student.attention_dropout=0 ;;
-            h) train "$family-h" "$family" "(h) L_cos alone, teacher init" "$STUDENT" teacher="$teacher" objective.ce=0 \
-                objective.mlm=0 ;;
-            al) train "$family-al" "$family" "(a) at lr 1e-4" "$STUDENT" teacher="$teacher" optimizer.lr=1e-4 ;;
-            a4) train "$family-a4" "$family" "(a) with 4 layers" "$STUDENT" teacher="$teacher" student.num_layers=4 ;;
-            f4) train "$family-f4" "$family" "(f) with 4 layers, no training" "$STUDENT" teacher="$teacher" \
-                student.num_layers=4 max_steps=0 ;;
-        esac
+    for name in "$@"; do
+        variant "$name" "$teacher" "$layers"
+        train "$family-$name" "$family" "$VARIANT_LABEL" "$STUDENT" "${VARIANT_ARGS[@]}"
     done
 }
 
