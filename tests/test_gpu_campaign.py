@@ -89,13 +89,13 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
     fitted = min(3, len(measured))
     assert fitted >= 1 and measured[:fitted] == ["project", "project-unpadded", "naive"][:fitted], measured
-    # the pieces in their order: the compiled bare step and the output layer's timings before every other case and step
+    # the pieces in their order: the compiled bare step before every other case and step
     log = (tmp_path / "out-1" / "throughput.log").read_text()
     pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===", log, re.MULTILINE)
     assert [piece.strip() for piece in pieces] == [
-        "steps --only project,project-unpadded,naive,peer,tinybert-memory,sdpa",
+        "steps --only project,project-unpadded,naive,peer,tinybert-memory",
         "cases --only headline",
-        "steps --only project-compiled,losses",
+        "steps --only project-compiled",
         "cases,steps",
     ]
     # What the deadline left out is named: the cases and steps train_throughput.py did not start within a piece,
@@ -119,8 +119,7 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert {p.name for p in (tmp_path / "out-2").iterdir()} == FILES  # the GPU tests ran (skipped here: no CUDA)
     assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
     assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
-    assert second["losses"] and "error" not in second["losses"]
-    assert second["losses"]["decoder"]["padded_vocab"] % 64 == 0 and second["losses"]["decoder"]["padded_ms"] > 0
+    assert "losses" not in second and "sdpa" not in second  # retired: an earlier report's are kept, never measured
     # one step's peak memory, planned beside tracked, with what held it, for the project's step and TinyBERT-4's
     memory = {r["name"]: r["memory"] for r in second["steps"] if r.get("memory")}
     assert set(memory) == {"project", "tinybert-memory"}
@@ -143,14 +142,6 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
     assert compiled["measured_step_ms"] > compiled["floor_ms"] > 0
     profile = next(r["profile"] for r in second["steps"] if r["name"] == "project-compiled")
     assert "error" not in profile and profile["categories_ms_per_step"]["matmul"] > 0  # the kernels it ran
-    # the attention probe: every preset's encoders, by head size (the bert-base ones share 12 x 64)
-    assert "error" not in second["sdpa"], second["sdpa"]
-    encoders = [name for row in second["sdpa"]["shapes"] for name in row["encoders"]]
-    assert "tinybert-4l-312 student" in encoders and "bert-base teacher" in encoders
-    assert {(row["heads"], row["head_size"]) for row in second["sdpa"]["shapes"]} >= {(12, 64), (12, 26), (12, 32)}
-    for row in second["sdpa"]["shapes"]:  # each kernel that runs timed, and PyTorch's own choice
-        assert {"math", "auto"} <= set(row["timings"]), row
-        assert all(rates["forward_tflops"] >= 0 and rates["train_ms"] > 0 for rates in row["timings"].values())
     assert second["not_started"] == []
     assert all(r["rc"] == 0 for r in second["cases"]), [r.get("error") for r in second["cases"]]
     for r in second["steps"]:

@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.atomic import write_text_atomically
 
+# Items of earlier reports, measured by scripts since retired (benchmarks/README.md, Retired): kept, rendered and
+# forgotten like the rest, never measured again.
 LOSSES = "losses"  # benchmarks/losses.py: the compiled losses, the decoder's matmuls padded or not
 SDPA = "sdpa"  # benchmarks/sdpa_backends.py: which attention kernel each preset's encoders get
 

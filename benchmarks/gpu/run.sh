@@ -149,7 +149,7 @@ case $MODE in
         throughput cases,steps
         ;;
     session)
-        throughput steps --only project,project-unpadded,naive,peer,tinybert-memory,sdpa
+        throughput steps --only project,project-unpadded,naive,peer,tinybert-memory
         report
         throughput cases --only headline
         report
@@ -160,9 +160,8 @@ case $MODE in
         fi
         report
         # compile is what is left for the kernel-bound step (docs/log/benchmarks.md, "What bounds the engine"): its
-        # bare step before the rest, so that a short call still says whether it pays; then the output layer's
-        # two measurements in one process (a minute: the compiled losses, the decoder's matmuls padded or not)
-        throughput steps --only project-compiled,losses
+        # bare step before the rest, so that a short call still says whether it pays
+        throughput steps --only project-compiled
         report
         throughput cases,steps
         ;;

@@ -19,9 +19,7 @@ after the first (which holds start-up and warm-up):
 Then ``benchmarks/distill_step.py`` times this project's bare step and the naive reference step
 (``benchmarks/naive_step.py``) on the same models and batches, fused AdamW on and off, and
 ``torch.compile`` of student and teacher (``Distiller.compile_models``): the ratio is the speed-up
-over the usual way. Last, ``benchmarks/losses.py`` times the output losses alone, eager and compiled,
-at the step's shapes (what compiling the losses adds), and the decoder's matmuls with the vocabulary as is
-and padded to a multiple of 64. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
+over the usual way. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
 
 ``--append`` continues OUTDIR/throughput.json: what it holds is kept and not measured again (except what a
@@ -66,7 +64,7 @@ STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: me
 # The bare steps compared, by name (--only takes these too): the project's step as trained (fused AdamW on
 # CUDA), which also profiles a few steps after timing them (where the time goes, before anything is optimised),
 # the naive reference step, the compiled step (does compile pay, now that the encoders' masks stay eager), and
-# fused AdamW off (measured once already: 1.09x). "losses" is benchmarks/losses.py. The project's step and
+# fused AdamW off (measured once already: 1.09x). The project's step and
 # TinyBERT-4's (at 64 x 512, where the campaigns measured 1.7x the planned peak) end with one step's peak
 # memory, by site (--memory); the project's also with its floor by category, beside its profile, at the
 # device's measured ceilings (--floor: how far each category's kernels are from their roofline). The compiled
@@ -339,18 +337,6 @@ def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path
     return [*base, *STEP_VARIANTS[variant]]
 
 
-def losses_command(quick: bool) -> list[str]:
-    """benchmarks/losses.py: the output losses of a 32 x 512 micro-batch (quick: 2 x 128), eager and compiled."""
-    shape = ["--batch=2", "--seq-len=128", "--steps=2", "--warmup=1"] if quick else ["--batch=32", "--seq-len=512"]
-    return [sys.executable, "benchmarks/losses.py", *shape, "--json"]
-
-
-def sdpa_command(quick: bool) -> list[str]:
-    """benchmarks/sdpa_backends.py at 64 x 512 (quick: 2 x 128): the attention kernels by head size."""
-    shape = ["--batch=2", "--seq-len=128"] if quick else ["--batch=64", "--seq-len=512"]
-    return [sys.executable, "benchmarks/sdpa_backends.py", *shape, "--json"]
-
-
 def sdpa_markdown(sdpa: dict[str, Any]) -> list[str]:
     if "error" in sdpa:
         return ["", "Attention kernels by head size (benchmarks/sdpa_backends.py): error"]
@@ -616,10 +602,6 @@ def main() -> int:
         if timeout := may_start(name, "steps"):
             command = step_command(name, teacher_config, tokenizer, data, args.quick)
             record("steps", {"name": name, "args": extra, **json_result(command, timeout)})
-    if timeout := may_start(LOSSES, "steps"):
-        report["losses"] = json_result(losses_command(args.quick), timeout)
-    if timeout := may_start(SDPA, "steps"):
-        report[SDPA] = json_result(sdpa_command(args.quick), timeout)
     report["not_started"] = skipped  # by this call: the next --append call measures them
     save()
     print(markdown(report))
