@@ -1,8 +1,8 @@
-"""docs/training.md's reliability table: the fault-injection tests run once more, each leaving a record of what it
+"""docs/faults.md's reliability table: the fault-injection tests run once more, each leaving a record of what it
 injected and what happened, gathered into one result file and rendered as the table.
 
-    python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/training.md]
-    python benchmarks/reliability.py --from-result --docs docs/training.md   # render the committed file
+    python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/faults.md]
+    python benchmarks/reliability.py --from-result --docs docs/faults.md   # render the committed file
 
 The tests (``FAULT_TESTS``) are the suite's own, in its full tier: they start the real launcher on CPU ranks
 and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test

@@ -125,7 +125,7 @@ FAULT_RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"
 def record_fault(name: str, **record: object) -> None:
     """What a fault-injection test saw (faults injected, outcome, times), kept as ``NAME.json`` in the directory
     ``$ENCODER_DISTILL_FAULT_RECORDS`` names, when it does: ``benchmarks/reliability.py`` runs these tests and
-    makes docs/training.md's reliability table from the records. Nothing otherwise."""
+    makes docs/faults.md's reliability table from the records. Nothing otherwise."""
     where = os.environ.get(FAULT_RECORDS_ENV)
     if where:
         Path(where).mkdir(parents=True, exist_ok=True)
