@@ -280,10 +280,7 @@ def task_distill_row() -> str:
 def suite_time_table() -> str:
     result = load(SUITE_TIME)
     cpus = f"{result['machine']['cpus']} CPUs"
-    return (
-        f"{suite_time.table(result)}\n{made_by(result, cpus, file=SUITE_TIME)}. CI's own run of the whole suite on "
-        "a clean clone took longer since (the record)."
-    )
+    return f"{suite_time.table(result)}\n{made_by(result, cpus, file=SUITE_TIME)}."
 
 
 def demo_time_table() -> str:
