@@ -259,9 +259,39 @@ def console_log(output_dir: Path, log_name: str = "") -> Path:
 
 def finish_run(proc: subprocess.Popen, output_dir: Path, timeout: float, log_name: str = "") -> None:
     """Wait for a launched run; fail with the end of its log unless it exited 0."""
-    rc = proc.wait(timeout=timeout)
-    log = console_log(output_dir, log_name).read_text()
-    assert rc == 0, f"launcher exited with {rc}:\n{log[-6000:]}"
+    finish_nodes({log_name: proc}, output_dir, timeout)
+
+
+def finish_nodes(procs: dict[str, subprocess.Popen], output_dir: Path, timeout: float) -> None:
+    """Wait for launches that form one run (each node's launcher, by its log name) within one ``timeout``.
+
+    Fails as soon as one exits non-zero or the time is up, after stopping every launch's process tree, with
+    the end of each log: a node that fails at its start leaves the others waiting at the join (up to
+    DeepSpeed's 10-minute process-group timeout), so the failing node's log is the one that says why."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while (running := [p for p in procs.values() if p.poll() is None]) and time.monotonic() < deadline:
+        if any(p.returncode not in (None, 0) for p in procs.values()):
+            break
+        time.sleep(0.2)
+    failed = {name: p.returncode for name, p in procs.items() if p.returncode != 0}
+    if not failed:
+        return
+    for proc in running:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(proc.pid)
+            for p in [*tree.children(recursive=True), tree]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+        proc.wait(timeout=60)
+    tails = "\n".join(
+        f"--- {console_log(output_dir, name).name}: "
+        + (f"exited with {rc}" if rc is not None else f"still running after {timeout:.0f} s, killed")
+        + f" ---\n{console_log(output_dir, name).read_text()[-6000 // len(procs) :]}"
+        for name, rc in failed.items()
+    )
+    raise AssertionError(f"launch failed:\n{tails}")
 
 
 def records(output_dir: Path) -> list[dict]:

@@ -34,6 +34,7 @@ from helpers import (
     FP16_OVERFLOW,
     check_fp16_overflows_were_skipped,
     console_log,
+    finish_nodes,
     finish_run,
     latest_step,
     launch_run,
@@ -444,8 +445,9 @@ def test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_an
     resume_from, logged = latest_step(out), max(train_losses(out))
 
     relaunched = time.monotonic()
-    for node, proc in enumerate(two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")):
-        finish(proc, out, f"node{node}-relaunch")
+    relaunch = two_nodes(out, tiny_teacher_dir, tiny_dataset_dir, log_name="-relaunch")
+    finish_nodes({f"node{node}-relaunch": proc for node, proc in enumerate(relaunch)}, out, RUN_TIMEOUT)
+    for node in (0, 1):
         relaunch_log = console_log(out, f"node{node}-relaunch").read_text()
         assert f"nnodes=2, num_local_procs=1, node_rank={node}" in relaunch_log and "dist_world_size=2" in relaunch_log
     assert f"resumed from step {resume_from}" in console_log(out, "node0-relaunch").read_text()
