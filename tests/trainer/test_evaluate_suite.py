@@ -3,6 +3,7 @@ what tasks.json and docs/quality.md say; bad keys are clear errors."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import importlib.util
@@ -96,6 +97,7 @@ def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tok
     assert [m["model"] for m in report["models"]] == [str(bert_tokenizer_dir), str(tiny_teacher_dir)]
     for task, entry in report["tasks"].items():
         assert (entry["train_size"], entry["dev_size"], entry["test_size"]) == (16, 8, 8)
+        assert [sum(entry["label_counts"][split].values()) for split in ("train", "dev", "test")] == [16, 8, 8]
         assert entry["bow_baseline"] == MANIFEST[task]["bow_baseline"][MANIFEST[task]["metric"]]
         labels = [str(r["label"]) for r in rows(task, "validation")[:8]]
         majority = max(labels.count(label) for label in labels) / 8
@@ -412,9 +414,43 @@ def test_bad_keys_are_clear_errors(tmp_path):
         main([str(tmp_path), "bootstrap=10"])
 
 
+@pytest.mark.parametrize("task", list(MANIFEST))
+@pytest.mark.parametrize(("train_size", "dev_size"), [(500, 300), (500, 150), (800, 40), (0, 300)])
+def test_each_dev_split_has_its_tasks_label_proportions_apart_from_train_and_test(task, train_size, dev_size, tmp_path):
+    """The task files are written in rounds of one row per class, so their last rows are the largest classes'
+    leftovers: a dev split of the last N rows lacked whole classes. Dev holds every class (or, for a regression
+    target, every decile of the training file's targets) within one example of its share of the training file,
+    none of train's rows or test's, the same rows every time."""
+    from trainer.evaluation.suite import REGRESSION_STRATA, load_tasks, strata, write_subsets
+
+    cfg = SuiteConfig(models=["unused"], tasks=[task], train_size=train_size, dev_size=dev_size).resolved()
+    spec = load_tasks(cfg)[task]
+    paths, counts = write_subsets(spec, tmp_path / "a", cfg)
+    again, _ = write_subsets(spec, tmp_path / "b", cfg)
+    assert all(paths[split].read_bytes() == again[split].read_bytes() for split in paths)
+    lines = {split: paths[split].read_text().splitlines() for split in paths}
+    assert not set(lines["dev"]) & set(lines["train"]) and not set(lines["dev"]) & set(lines["test"])
+    assert len(lines["dev"]) == dev_size and len(lines["train"]) == (train_size or spec["train_size"] - dev_size)
+    if train_size:  # train is the first train_size rows, as before
+        assert [json.loads(line) for line in lines["train"]] == rows(task, "train")[:train_size]
+    whole = [r["label"] for r in rows(task, "train")]
+    expected = collections.Counter(strata(whole, spec, whole))
+    assert len(expected) == (REGRESSION_STRATA if spec["kind"] == "regression" else len(spec["labels"]))
+    assert set(counts["dev"]) == set(expected), "a class or decile is missing from dev"
+    for name, count in counts["dev"].items():
+        assert abs(count - dev_size * expected[name] / len(whole)) < 1 + 1e-9, (name, count)
+
+
 def test_train_and_dev_must_fit_in_a_tasks_training_file(tiny_teacher_dir, tmp_path):
-    """Dev is carved from the end of the training file, never overlapping train: asking for more is an error
-    naming the key, before any fine-tuning."""
+    """Dev is carved from the training file after train's rows, never overlapping train: asking for more is an
+    error naming the key, before any fine-tuning; so is a class with no row left for dev."""
+    from trainer.evaluation.suite import dev_rows
+
+    task = {"name": "toy", "kind": "classification"}
+    labels = ["a", "b"] * 10 + ["a"] * 5  # every "b" sits in the first 20 rows
+    assert [labels[i] for i in dev_rows(labels, 10, 4, task)].count("b") >= 1
+    with pytest.raises(ConfigError, match="train_size: toy: no training example of b is left for the dev split"):
+        dev_rows(labels, 20, 4, task)
     size = MANIFEST["debian-size"]["train_size"]
     argv = [str(tiny_teacher_dir), "tasks=[debian-size]", f"train_size={size}", "dev_size=8", "mlflow.enabled=false"]
     with pytest.raises(ConfigError, match=rf"dev_size: debian-size has {size} training examples: {size} to train"):

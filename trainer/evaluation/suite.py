@@ -7,15 +7,17 @@ described in docs/quality.md) with each seed, through :func:`trainer.finetuning.
 the same code a downstream team runs.
 
 The protocol keeps the reported numbers clean of every choice: each task has a *train* split (the first
-``train_size`` examples of its training file), a *dev* split (the last ``dev_size`` of that file, never
-trained on) on which every choice is made (the learning rate, with ``lrs``), and a *test* split (the first
-``valid_size`` examples of its validation file) that is only ever reported. The table gives each task's test
-score as mean ± spread over the seeds (the spread is max - min), the average of the task means, the *skill*
-(the mean over tasks of the score above chance: what a constant predictor scores on the same test examples)
-and each model's *share* of the first model's skill, with a 95 % paired bootstrap interval over the test
-examples and the seeds; then every pair of models' difference of skill with its interval, written "no
-measurable difference" when the interval holds zero (:mod:`trainer.evaluation.suite_statistics`). It also
-gives each task's chance level and bag-of-words baseline (stored with the tasks).
+``train_size`` examples of its training file), a *dev* split (``dev_size`` examples of the rest of that file,
+never trained on, stratified: :func:`dev_rows`) on which every choice is made (the learning rate, with
+``lrs``), and a *test* split (the first ``valid_size`` examples of its validation file) that is only ever
+reported. The JSON records each split's label counts per task (``label_counts``), so a skewed split shows. The
+table gives each task's test score as mean ± spread over the seeds (the spread is max - min), the average of
+the task means, the *skill* (the mean over tasks of the score above chance: what a constant predictor scores
+on the same test examples) and each model's *share* of the first model's skill, with a 95 % paired bootstrap
+interval over the test examples and the seeds; then every pair of models' difference of skill with its
+interval, written "no measurable difference" when the interval holds zero
+(:mod:`trainer.evaluation.suite_statistics`). It also gives each task's chance level and bag-of-words baseline
+(stored with the tasks).
 
 ``method=probe`` scores each model instead by a linear probe on its frozen features (mean-pooled
 last hidden states, a cross-validated ridge model; :mod:`trainer.evaluation.probe`): deterministic, so
@@ -62,6 +64,8 @@ fine-tuning or the probe, start from an empty ``work_dir``. Without ``work_dir``
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
 import gzip
 import hashlib
@@ -101,7 +105,7 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "finetune": {"train_size": 500, "dev_size": 300, "valid_size": 1000, "seeds": [0, 1, 2]},
     "probe": {"train_size": 0, "dev_size": 0, "valid_size": 0, "seeds": [0]},  # its penalty: cross-validated on train
 }
-PROTOCOL = 2  # a run's record from before the dev/test protocol (1) is not reused
+PROTOCOL = 3  # a run's record from before the dev/test protocol (1) or the stratified dev split (2) is not reused
 
 
 @dataclasses.dataclass
@@ -116,7 +120,7 @@ class SuiteConfig:
     tasks: list[str] = field(default_factory=list)  # empty: every task in tasks_dir/tasks.json
     tasks_dir: str = str(TASKS_DIR)
     train_size: int | None = None  # the first N training examples of each task (0: all but dev; None: METHOD_DEFAULTS)
-    dev_size: int | None = None  # the last N of each task's training file: every choice (the rate) is made on these
+    dev_size: int | None = None  # N of the rest of each task's training file, stratified: every choice is made on these
     valid_size: int | None = None  # the test: the first N of each task's validation file, only ever reported (0: all)
     seeds: list[int] | None = None  # one fine-tuning run each (None: METHOD_DEFAULTS)
     epochs: int = 2
@@ -178,7 +182,8 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
             require((Path(model) / "config.json").is_file(), "models", f"{model} is not a Hugging Face model directory")
     with tempfile.TemporaryDirectory(prefix="evaluate-suite.") as tmp:
         work = Path(cfg.work_dir) if cfg.work_dir else Path(tmp)
-        data = {name: write_subsets(task, work / "data" / name, cfg) for name, task in tasks.items()}
+        subsets = {name: write_subsets(task, work / "data" / name, cfg) for name, task in tasks.items()}
+        data = {name: paths for name, (paths, _) in subsets.items()}
         local = [local_model(cfg, model, work / f"model-{index}" / "base") for index, model in enumerate(cfg.models)]
         runs = [  # seeds outer to tasks: a suite cut short has logged every task at the first seed
             Run(index, model, local[index], task, seed, lr, work / f"model-{index}" / task / f"lr{lr:g}" / str(seed))
@@ -203,6 +208,8 @@ def evaluate_suite(cfg: SuiteConfig) -> dict[str, Any]:
     if baseline is not None:
         results.append(baseline)
     report = summarise(cfg, tasks, results, labels)
+    for name, (_, counts) in subsets.items():
+        report["tasks"][name]["label_counts"] = counts
     report["runs"] = {"total": len(runs), "reused": reused}
     write_text_atomically(cfg.output, json.dumps(report, indent=2) + "\n")
     for entry in report["models"]:
@@ -222,11 +229,12 @@ def load_tasks(cfg: SuiteConfig) -> dict[str, dict[str, Any]]:
     return {name: {**available[name], "name": name} for name in (cfg.tasks or available)}
 
 
-def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[str, Path]:
-    """The task's examples as plain JSONL files for finetune (the files were shuffled once, when built, so that
-    any prefix is class-balanced): ``train``, the first ``train_size`` rows of its training file; ``dev``, the
-    last ``dev_size`` rows of that file, never trained on, where every choice is made; ``test``, the first
-    ``valid_size`` rows of its validation file, only ever reported. A probe needs no dev split."""
+def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> tuple[dict[str, Path], dict[str, Any]]:
+    """The task's examples as plain JSONL files for finetune: ``train``, the first ``train_size`` rows of its
+    training file (shuffled once, when built); ``dev``, ``dev_size`` of the rows after those, with the training
+    file's label proportions (:func:`dev_rows`), never trained on, where every choice is made; ``test``, the
+    first ``valid_size`` rows of its validation file, only ever reported. With ``train_size=0`` train is every
+    row not in dev. A probe needs no dev split. Returns the files and each split's :func:`label_counts`."""
     dest.mkdir(parents=True, exist_ok=True)
     rows = {}
     for split in ("train", "validation"):
@@ -239,14 +247,82 @@ def write_subsets(task: dict[str, Any], dest: Path, cfg: SuiteConfig) -> dict[st
         "dev_size",
         f"{task['name']} has {len(train)} training examples: {train_size} to train and {dev_size} for dev do not fit",
     )
-    subsets = {"train": train[:train_size], "test": rows["validation"][: cfg.valid_size or None]}
+    labels = [json.loads(line)[task["label_column"]] for line in train]
+    dev = dev_rows(labels, train_size if cfg.train_size else 0, dev_size, task)
+    chosen = set(dev)
+    subsets = {
+        "train": [line for i, line in enumerate(train) if i not in chosen][:train_size],
+        "test": rows["validation"][: cfg.valid_size or None],
+    }
     if dev_size:
-        subsets["dev"] = train[len(train) - dev_size :]
+        subsets["dev"] = [train[i] for i in dev]
     paths = {}
     for split, lines in subsets.items():
         paths[split] = dest / f"{split}.jsonl"
         paths[split].write_text("".join(lines), encoding="utf-8")
-    return paths
+    return paths, label_counts(task, paths, labels)
+
+
+REGRESSION_STRATA = 10  # a regression target's dev split spans its deciles
+
+
+def strata(labels: list[Any], task: dict[str, Any], reference: list[Any]) -> list[str]:
+    """Each label's stratum: the class itself, or for a regression target the decile of ``reference`` (the
+    training file's targets) it falls in, named by its range (``[lo, hi)``; the last decile holds its top)."""
+    if task["kind"] != "regression":
+        return [str(label) for label in labels]
+    edges = sorted(float(v) for v in reference)
+    cuts = [edges[len(edges) * k // REGRESSION_STRATA] for k in range(1, REGRESSION_STRATA)]
+    bounds = [edges[0], *cuts, edges[-1]]
+    names = [f"[{lo:g}, {hi:g})" for lo, hi in itertools.pairwise(bounds)]
+    return [names[bisect.bisect_right(cuts, float(v))] for v in labels]
+
+
+def dev_rows(labels: list[Any], after: int, size: int, task: dict[str, Any]) -> list[int]:
+    """Indices, in file order, of ``size`` training rows for the dev split, drawn from those at ``after`` or
+    later (never the first ``after``, which train on), stratified: each stratum (class, or regression decile:
+    :func:`strata`) gets its share of ``size`` by the whole training file's proportions (largest remainders,
+    at least one each while ``size`` allows), taken from the end of the file.
+
+    The files are written in rounds of one row per class, so the last rows of a file are the leftovers of
+    its largest classes: a dev split of the last N rows lacked whole classes. A class that has no row left
+    after the train split is a :class:`ConfigError` naming ``train_size``."""
+    if not size:
+        return []
+    names = strata(labels, task, labels)
+    proportions = collections.Counter(names)
+    pool: dict[str, list[int]] = {name: [] for name in proportions}
+    for i in range(after, len(labels)):
+        pool[names[i]].append(i)
+    must = len(proportions) <= size  # every stratum present, where the size allows
+    missing = sorted(name for name, rows in pool.items() if not rows)
+    require(
+        not (must and missing),
+        "train_size",
+        f"{task['name']}: no training example of {', '.join(missing)} is left for the dev split after the first "
+        f"{after}: lower train_size",
+    )
+    exact = {name: size * count / len(labels) for name, count in proportions.items()}
+    share = {name: min(len(pool[name]), max(int(exact[name]), 1 if must else 0)) for name in pool}
+    spare = sorted(pool, key=lambda name: (int(exact[name]) - exact[name], name))  # largest remainder first
+    while (left := size - sum(share.values())) > 0:
+        room = [name for name in spare if share[name] < len(pool[name])]
+        require(bool(room), "dev_size", f"{task['name']}: only {sum(share.values())} rows are left for dev")
+        for name in room[:left]:
+            share[name] += 1
+    while (extra := sum(share.values()) - size) > 0:  # the minimum of one each overshot: trim the largest
+        largest = max(share, key=lambda name: (share[name], name))
+        share[largest] -= min(extra, share[largest] - 1)
+    return sorted(i for name, rows in pool.items() for i in rows[len(rows) - share[name] :])
+
+
+def label_counts(task: dict[str, Any], data: dict[str, Path], reference: list[Any]) -> dict[str, dict[str, int]]:
+    """Each split's examples per stratum (:func:`strata`): what shows a skewed split."""
+    counts = {}
+    for split, path in data.items():
+        names = strata([row[task["label_column"]] for row in read_rows(path)], task, reference)
+        counts[split] = dict(sorted(collections.Counter(names).items()))
+    return counts
 
 
 BAG_OF_WORDS = "bag-of-words (same train split)"
@@ -564,7 +640,9 @@ def summarise(
             )
     return {
         "protocol": {
-            "choices": "on dev (the last dev_size training examples)" if cfg.method == "finetune" else "none",
+            "choices": "on dev (dev_size training examples after train's, stratified)"
+            if cfg.method == "finetune"
+            else "none",
             "reported": "test (the first valid_size validation examples)",
             "share": "skill above chance over the first model's",
             "intervals": f"paired bootstrap, {cfg.bootstrap} resamples of examples and seeds, 95 % percentile",
