@@ -3,7 +3,8 @@ speed table opening docs/benchmarks.md, the ablation tables opening docs/quality
 evaluation suite's tasks.
 
     python benchmarks/results.py            # re-render README.md, docs/benchmarks.md, docs/quality.md
-    python benchmarks/results.py --check    # exit 1 if a page's table differs from what the files give
+    python benchmarks/results.py --check    # exit 1 if a page's table differs from what the files give, or a
+                                            # suite result's figures from those its predictions give
 
 Measures nothing: each figure is read from the file named under its table (the latest GPU campaign, the
 latest GPU ablation, the demo's timing, the task files and the suite-separation run), so a new result file
@@ -299,10 +300,43 @@ PAGES = {
 }
 
 
+def suite_reports(root: Path = REPO / "docs") -> dict[Path, dict | None]:
+    """Every committed evaluation-suite result under ``root``: the report when it carries its per-example
+    predictions, None for one from before they were kept (it cannot be checked)."""
+    found: dict[Path, dict | None] = {}
+    for path in sorted(root.rglob("*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        models = report.get("models") if isinstance(report, dict) else None
+        if isinstance(models, list) and "config" in report and all("tasks" in m for m in models):
+            carries = all("predictions" in t for m in models for t in m["tasks"].values())
+            found[path] = report if carries else None
+    return found
+
+
+def recomputed_figures(root: Path = REPO / "docs") -> list[str]:
+    """What differs between each checkable suite result and its figures computed again from its predictions
+    (``trainer.evaluation.suite.mismatches``): an edited number, caption-free."""
+    from trainer.evaluation.suite import mismatches
+
+    problems, unchecked = [], []
+    for path, report in suite_reports(root).items():
+        if report is None:
+            unchecked.append(path.relative_to(root.parent))
+        else:
+            problems += [f"{path.relative_to(root.parent)}: {line}" for line in mismatches(report)]
+    if unchecked:
+        print(f"{len(unchecked)} suite result(s) carry no predictions and are not recomputed", file=sys.stderr)
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail if a page's table is stale")
+    parser.add_argument("--check", action="store_true", help="fail if a table is stale or a suite result's figures")
+    parser.add_argument("--root", type=Path, default=REPO / "docs", help=argparse.SUPPRESS)  # the tests' results
     args = parser.parse_args()
+    if args.check and (problems := recomputed_figures(args.root)):
+        print("suite results differ from their predictions:\n" + "\n".join(problems), file=sys.stderr)
+        return 1
     stale = []
     for page, tables in PAGES.items():
         path = REPO / page

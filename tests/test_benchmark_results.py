@@ -67,3 +67,47 @@ def test_the_suite_tasks_table_is_the_task_file_and_the_separation_run_rendered(
             f"{bow_500[name]['mean']:.3f}",
         ]
         assert task["source"] in row
+
+
+def test_check_recomputes_a_suite_results_figures_from_its_predictions(tmp_path: Path) -> None:
+    """A suite result that carries its predictions (two models, two seeds, a class and a regression task, on the
+    real task files' test labels) passes ``--check``; the same file with one figure edited fails it, naming the
+    figure. The predictions are drawn here: the check reads files, never how they were made."""
+    import numpy as np
+
+    from trainer.evaluation import suite_statistics as stats
+    from trainer.evaluation.suite import SuiteConfig, labels_of_test, load_tasks, summarise
+
+    cfg = SuiteConfig(models=["a", "b"], tasks=["debian-section", "debian-size"], valid_size=60, seeds=[0, 1])
+    cfg = cfg.resolved()
+    tasks = load_tasks(cfg)
+    labels = {name: labels_of_test(cfg, task) for name, task in tasks.items()}
+    rng = np.random.default_rng(0)
+
+    def run(name: str, right: float) -> dict:
+        task, truth = tasks[name], labels[name]
+        if task["kind"] == "regression":
+            predicted = [float(v) + rng.normal(scale=1 - right) for v in truth]
+        else:
+            predicted = [v if rng.random() < right else task["labels"][0] for v in truth]
+        score = stats.score(predicted, truth, task["kind"] == "regression")
+        return {"dev": right, "test": score, "predicted": predicted}
+
+    results = [
+        {"model": model, "runs": {name: {cfg.lr: [run(name, right) for _ in cfg.seeds]} for name in tasks}}
+        | {"wall_s": 1.0, "cpu_s": 1.0}
+        for model, right in (("a", 0.8), ("b", 0.6))
+    ]
+    report = summarise(cfg, tasks, results, labels)
+    docs = tmp_path / "docs"
+    (docs / "quality").mkdir(parents=True)
+    path = docs / "quality" / "suite.json"
+    path.write_text(json.dumps(report))
+    command = [sys.executable, "benchmarks/results.py", "--check", "--root", str(docs)]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+    report["models"][1]["skill_ci"][0] -= 0.02  # a wider interval than the predictions give
+    path.write_text(json.dumps(report))
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 1 and "quality/suite.json: models[1].skill_ci:" in proc.stderr, proc.stderr

@@ -129,6 +129,21 @@ def test_suite_runs_two_models_and_reports_every_task(tiny_teacher_dir, bert_tok
             teacher["tasks"][name]["mean"] - student["tasks"][name]["mean"]
         )
 
+    # Every figure is computed again from the predictions the JSON carries (benchmarks/results.py --check)
+    from trainer.evaluation.suite import mismatches
+
+    assert all(len(p) == 8 for m in report["models"] for t in m["tasks"].values() for p in t["predictions"].values())
+    assert mismatches(report) == []
+    edited = json.loads(json.dumps(report))
+    edited["models"][1]["tasks"]["debian-section"]["mean"] += 0.01
+    edited["differences"][0]["verdict"] = "first better" if expected != "first better" else "second better"
+    found = mismatches(edited)
+    assert len(found) == 2 and found[0].startswith("models[1].tasks.debian-section.mean"), found
+    edited = json.loads(json.dumps(report))
+    predictions = edited["models"][0]["tasks"]["wordnet-supersense"]["predictions"]["0"]
+    predictions[:] = [(v + 1) % len(MANIFEST["wordnet-supersense"]["labels"]) for v in predictions]  # all wrong now
+    assert any("wordnet-supersense.mean" in line for line in mismatches(edited))
+
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("evaluate-suite").experiment_id])
     by_model = {run.data.tags["source_model"]: run for run in runs}

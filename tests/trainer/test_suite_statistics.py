@@ -55,3 +55,21 @@ def test_two_noisy_equal_models_get_an_interval_around_zero():
     above = stats.bootstrap_skills([task(labels, [first, second], regression=True)], [0.0], 1000)
     low, high = stats.interval(above[:, 0, 0] - above[:, 1, 0])
     assert low < 0 < high
+
+
+def test_the_intervals_cover_a_known_difference_about_95_times_in_100():
+    """Coverage on simulated data: 200 test sets of 400 examples, drawn afresh, on which two models are right
+    with probabilities 0.75 and 0.70 (a true difference of skill of 0.05). A 95 % interval should hold 0.05 in
+    about 95 % of them (200 draws: about +-3 points; a percentile bootstrap runs a little below nominal,
+    measured 0.92 here). An 80 % interval in its place covers 0.745, and fails."""
+    rng = np.random.default_rng(7)
+    n, draws, covered = 400, 200, 0
+    for _ in range(draws):
+        labels = [str(v) for v in rng.integers(0, 2, n)]
+        models = [
+            [[label if rng.random() < p else ("1" if label == "0" else "0") for label in labels]] for p in (0.75, 0.7)
+        ]
+        above = stats.bootstrap_skills([task(labels, models)], [stats.chance(labels, regression=False)], 300)
+        low, high = stats.interval(above[:, 0, 0] - above[:, 1, 0])
+        covered += low <= 0.05 <= high
+    assert 0.9 <= covered / draws <= 0.98, covered / draws

@@ -590,6 +590,10 @@ def summarise(
                 "std": statistics.stdev(test) if len(test) > 1 else 0.0,
                 "seeds": dict(zip(map(str, cfg.seeds), test, strict=True)),
                 "above_chance": statistics.fmean(test) - chances[name],
+                "predictions": {  # each seed's test predictions, in test-file order: what `recompute` starts from
+                    str(seed): compact(predicted, tasks[name])
+                    for seed, predicted in zip(cfg.seeds, picked[name], strict=True)
+                },
             }
             if cfg.method == "finetune":  # a probe fine-tunes nothing: no rate to name, no dev split
                 per_task[name]["lr"] = lr
@@ -663,6 +667,82 @@ def summarise(
         "differences": differences,
         "config": to_dict(cfg),
     }
+
+
+def compact(predicted: list[Any], task: dict[str, Any]) -> list[Any]:
+    """Predictions as the JSON keeps them: a class by its index in the task's ``labels``; a value whole (a model
+    near a constant predictor varies in its sixth digit, and Pearson's r reads only the variation)."""
+    if task["kind"] == "regression":
+        return [float(v) for v in predicted]
+    index = {str(label): i for i, label in enumerate(task["labels"])}
+    return [index[str(v)] for v in predicted]
+
+
+def expand(values: list[Any], task: dict[str, Any]) -> list[Any]:
+    """:func:`compact`'s inverse."""
+    return list(values) if task["kind"] == "regression" else [task["labels"][i] for i in values]
+
+
+def labels_of_test(cfg: SuiteConfig, task: dict[str, Any]) -> list[Any]:
+    """The task's test labels: the first ``valid_size`` rows of its validation file (:func:`write_subsets`)."""
+    with gzip.open(Path(cfg.tasks_dir) / task["name"] / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [row[task["label_column"]] for row in rows[: cfg.valid_size or None]]
+
+
+def recompute(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's scores, skills, shares, intervals and verdicts computed again from the predictions it
+    carries and the task files: what ``benchmarks/results.py --check`` compares a committed result with, so
+    that a number edited in a result file (or a result computed from other predictions) fails."""
+    cfg = from_dict(SuiteConfig, report["config"])
+    tasks = load_tasks(cfg)
+    labels = {name: labels_of_test(cfg, task) for name, task in tasks.items()}
+    results = []
+    for entry in report["models"]:
+        runs = {}
+        for name, task in tasks.items():
+            kept = entry["tasks"][name]
+            predicted = [expand(kept["predictions"][str(seed)], task) for seed in cfg.seeds]
+            regression = task["kind"] == "regression"
+            seeds = [
+                {"dev": kept.get("dev_mean"), "test": stats.score(p, labels[name], regression), "predicted": p}
+                for p in predicted
+            ]
+            runs[name] = {kept.get("lr", cfg.rates[0]): seeds}
+        results.append({"model": entry["model"], "runs": runs, "wall_s": entry["wall_s"], "cpu_s": entry["cpu_s"]})
+    return summarise(dataclasses.replace(cfg, lrs=None), tasks, results, labels)
+
+
+CHECKED = {"mean", "spread", "seeds", "above_chance", "average", "skill", "share", "skill_ci", "share_ci"}
+CHECKED |= {"difference", "ci95", "verdict"}  # every figure a table shows, and each pair's verdict
+
+
+def mismatches(report: dict[str, Any], tolerance: float = 1e-4) -> list[str]:
+    """Where ``report`` differs from :func:`recompute` (each as ``path: kept != recomputed``); [] if nowhere.
+    ``tolerance`` absorbs a metric computed in float32 by the fine-tuning, not an edited figure."""
+    found: list[str] = []
+
+    def walk(kept: Any, computed: Any, path: str, checked: bool) -> None:
+        if isinstance(kept, dict):
+            for key, value in kept.items():
+                if key in computed:
+                    walk(value, computed[key], f"{path}.{key}", checked or key in CHECKED)
+        elif isinstance(kept, list) and kept and all(isinstance(v, dict) for v in kept):
+            for i, (a, b) in enumerate(zip(kept, computed, strict=True)):
+                walk(a, b, f"{path}[{i}]", checked)
+        elif not checked:
+            return
+        elif isinstance(kept, list | float | int) and not isinstance(kept, bool):
+            pairs = list(zip(kept, computed, strict=True)) if isinstance(kept, list) else [(kept, computed)]
+            if any(a is None or b is None or abs(a - b) > tolerance for a, b in pairs):
+                found.append(f"{path}: {kept} != {computed}")
+        elif kept != computed:
+            found.append(f"{path}: {kept!r} != {computed!r}")
+
+    again = recompute(report)
+    for key in ("models", "differences"):
+        walk(report[key], again[key], key, False)
+    return found
 
 
 def format_table(report: dict[str, Any]) -> str:
