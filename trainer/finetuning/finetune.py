@@ -65,6 +65,7 @@ class FinetuneConfig:
     validation: str | None = None  # a separate validation file or dataset directory
     test: str | None = None  # a held-out file or dataset scored once, by the final model: no choice is made on it
     save_predictions: bool = False  # predictions.json: each validation (and test) example's prediction and label
+    new_pooler: bool = False  # re-initialise a pooler the model brings (the suite: every model starts alike)
     valid_fraction: float = 0.2  # held out from `data` when there is no validation split
     text_column: str = "text"
     text_pair_column: str | None = None  # a second text per example: the pair is encoded as one sequence
@@ -120,7 +121,7 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
             head: dict[str, Any] = {"num_labels": 1, "problem_type": "regression"}
         else:
             head = {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": label_ids}
-        model = load_classifier(model_dir, head)
+        model = load_classifier(model_dir, head, cfg.new_pooler)
         if cfg.task == "regression":
             start_at_mean(model, train.labels)
     model.to(ranks.device)
@@ -205,9 +206,10 @@ def finetune(cfg: FinetuneConfig, config_path: str | None = None) -> dict[str, A
     return result
 
 
-def load_classifier(model_dir: Path, head: dict[str, Any]) -> Any:
+def load_classifier(model_dir: Path, head: dict[str, Any], new_pooler: bool = False) -> Any:
     """The student with a new classification (or regression) head set up by ``head``'s keyword arguments,
-    and one line saying which weights are new.
+    and one line saying which weights are new. ``new_pooler``: a pooler the checkpoint brings (a teacher's,
+    trained) is initialised afresh too, as a student's always is, so that models compared start alike.
 
     A student checkpoint has a masked-LM head and no pooler or classifier, so transformers' load
     report (a table of a dozen lines) lists the same expected keys on every fine-tune. It is
@@ -234,7 +236,19 @@ def load_classifier(model_dir: Path, head: dict[str, Any]) -> Any:
     missing = sorted(info["missing_keys"])
     unexpected = [k for k in info["unexpected_keys"] if not k.startswith(("cls.predictions.", "lm_head."))]
     fresh = [k for k in missing if any(part in k for part in new_head)]
-    log.info("new weights for the classification head: %s; the masked-LM head is left out", ", ".join(fresh))
+    pooler = getattr(model.base_model, "pooler", None)
+    renewed = new_pooler and pooler is not None and not any(".pooler." in f".{k}" for k in fresh)
+    if renewed:  # as BERT's and RoBERTa's initialisation sets a missing pooler's Linear (its only weights)
+        with torch.no_grad():
+            for layer in pooler.modules():
+                if isinstance(layer, torch.nn.Linear):
+                    layer.weight.normal_(0.0, model.config.initializer_range)
+                    layer.bias.zero_()
+    log.info(
+        "new weights for the classification head: %s%s; the masked-LM head is left out",
+        ", ".join(fresh),
+        " and the checkpoint's pooler, initialised afresh (new_pooler)" if renewed else "",
+    )
     if len(fresh) < len(missing) or unexpected:
         log.warning(
             "the checkpoint in %s does not match %s: missing %s, unexpected %s",
