@@ -18,6 +18,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -329,12 +330,67 @@ def recomputed_figures(root: Path = REPO / "docs") -> list[str]:
     return problems
 
 
+def committed_before(first: Path, then: Path) -> bool:
+    """Whether the commit that added ``first`` is an earlier ancestor of the one that added ``then`` (both in
+    the git repository holding them)."""
+    import subprocess
+
+    def added(path: Path) -> str:
+        log = ["git", "log", "--diff-filter=A", "--format=%H", "-1", "--", path.name]
+        return subprocess.run(log, cwd=path.parent, capture_output=True, text=True).stdout.strip()
+
+    a, b = added(first), added(then)
+    ancestor = ["git", "merge-base", "--is-ancestor", a, b]
+    return bool(a and b and a != b) and subprocess.run(ancestor, cwd=then.parent, capture_output=True).returncode == 0
+
+
+def same(kept: Any, again: Any) -> bool:
+    """Equal, numbers to 1e-9 (what a JSON round trip keeps), element by element in lists."""
+    if isinstance(kept, list):
+        return len(kept) == len(again) and all(same(a, b) for a, b in zip(kept, again, strict=True))
+    if isinstance(kept, float):
+        return abs(kept - again) <= 1e-9
+    return kept == again
+
+
+def studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
+    """What is wrong with each committed study (an ablation report with a ``study``): its protocol must have
+    been committed before its results, unchanged since, and its comparisons must be what the suite's
+    predictions give (``benchmarks/quality/protocol.py``)."""
+    import yaml
+
+    from benchmarks.quality import protocol
+
+    problems = []
+    for path in sorted(root.rglob("ablation.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if "study" not in report:
+            continue
+        found, where = report["study"], path.relative_to(root.parent)
+        fixed_path = root.parent / found["path"]
+        if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
+            problems.append(f"{where}: its protocol {found['path']} is missing or changed since the runs")
+            continue
+        if not committed_before(fixed_path, path):
+            problems.append(f"{where}: its protocol {found['path']} was not committed before it")
+        suite = json.loads((path.parent / f"suite-{found['protocol']['family']}.json").read_text(encoding="utf-8"))
+        added = [(c["first"], c["second"]) for c in found["comparisons"] if c["kind"] == "exploratory"]
+        decided = protocol.decide(found["protocol"], suite, added)
+        for kept, again in zip(found["comparisons"], decided, strict=True):
+            for key in ("first", "second", "kind", "students", "difference", "ci95", "p", "verdict"):
+                if not same(kept[key], again[key]):
+                    problems.append(
+                        f"{where}: ({kept['first']}) - ({kept['second']}) {key}: {kept[key]} != {again[key]}"
+                    )
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="fail if a table is stale or a suite result's figures")
     parser.add_argument("--root", type=Path, default=REPO / "docs", help=argparse.SUPPRESS)  # the tests' results
     args = parser.parse_args()
-    if args.check and (problems := recomputed_figures(args.root)):
+    if args.check and (problems := recomputed_figures(args.root) + studies_as_fixed(args.root)):
         print("suite results differ from their predictions:\n" + "\n".join(problems), file=sys.stderr)
         return 1
     stale = []

@@ -19,6 +19,11 @@
 #                      beat the copied layers (f)?"; a0 is (a) with student.attention_dropout=0, what dropping the
 #                      attention dropout (faster attention kernels) costs in quality; h (L_cos alone: the hidden
 #                      states, no L_ce or L_mlm) and al ((a) at lr 1e-4) ask why (a) does not beat (f) where it does not
+#   ABLATION_SEEDS     distillation seeds, e.g. "0 1 2": each trained variant once per seed (runs FAMILY-VARIANT,
+#                      FAMILY-VARIANT-s1, ...), the replicates a study's intervals draw from (default: the config's)
+#   ABLATION_PROTOCOL  a study's protocol (benchmarks/quality/protocols/*.yaml, committed before its results):
+#                      sets ABLATION_FAMILIES, ABLATION_VARIANTS, ABLATION_SEEDS and the suite's settings, and the
+#                      report decides its comparisons as it says (benchmarks/quality/protocol.py)
 #   ABLATION_UNTIL     data: stop after step 1 (how gpu_prepare.sh makes the device's dataset)
 #   ABLATION_JOBS      steps 2-5 that run at once (default 1: one after another). A step starts as soon as
 #                      what it needs is done: MiniLM's students while the BERT teacher still trains. On one
@@ -106,6 +111,11 @@ case "$SCALE" in
 esac
 VARIANTS=(a b c d e f)  # the BERT teacher's students, every scale
 source "$CONF/variants.sh"  # each variant's overrides: variant NAME TEACHER LAYERS
+if [ -n "${ABLATION_PROTOCOL:-}" ]; then  # a study fixed before it runs: its family, variants, seeds and suite
+    eval "$("$PYTHON" benchmarks/quality/protocol.py "$ABLATION_PROTOCOL" --shell)" || exit 2
+    SUITE=("${PROTOCOL_SUITE[@]}")
+fi
+read -ra SEEDS <<<"${ABLATION_SEEDS:-}"  # distillation seeds: each trained variant once per seed (default: the config's)
 if [ -n "${ABLATION_VARIANTS:-}" ]; then  # both families' students, instead of the scale's lists
     read -ra VARIANTS <<<"$ABLATION_VARIANTS"
     MINILM_VARIANTS=("${VARIANTS[@]}")
@@ -226,15 +236,31 @@ half_depth() {  # the student's depth: half its teacher's, as init=from_teacher 
 }
 
 STUDENT="$CONF/student-$SCALE.yaml"
+# runs FAMILY VARIANT...: the training runs of those students, one per distillation seed (ABLATION_SEEDS):
+# FAMILY-VARIANT for the first, FAMILY-VARIANT-sSEED for the others; an untrained variant (f, f4) is the same
+# student whatever the seed, so it is run once (benchmarks/quality/protocol.py names them alike)
+runs() {
+    local family=$1 name seed
+    shift
+    for name in "$@"; do
+        echo "$family-$name"
+        case $name in f | f4) continue ;; esac
+        for seed in "${SEEDS[@]:1}"; do echo "$family-$name-s$seed"; done
+    done
+}
 # distil FAMILY TEACHER VARIANT...: the ablation's students of one teacher, all on the same tokens (the
 # student config's steps x batch), each variant one override of DistilBERT's full recipe (variants.sh).
 distil() {
-    local family=$1 teacher=$2 layers name
+    local family=$1 teacher=$2 layers name run seed
     shift 2
     layers=$(half_depth "$teacher")
     for name in "$@"; do
         variant "$name" "$teacher" "$layers"
-        train "$family-$name" "$family" "$VARIANT_LABEL" "$STUDENT" "${VARIANT_ARGS[@]}"
+        for run in $(runs "$family" "$name"); do
+            seed=${SEEDS[0]:-}
+            [[ $run =~ -s([0-9]+)$ ]] && seed=${BASH_REMATCH[1]}
+            train "$run" "$family" "$VARIANT_LABEL" "$STUDENT" "${VARIANT_ARGS[@]}" ${seed:+seed=$seed}
+        done
     done
 }
 
@@ -256,8 +282,8 @@ if family bert; then
     pool_await teacher
     distil bert "$OUT/teacher/student" "${VARIANTS[@]}"
 fi
-BERT_STUDENTS=("${VARIANTS[@]/#/$OUT/bert-}")
-MINILM_STUDENTS=("${MINILM_VARIANTS[@]/#/$OUT/minilm-}")
+read -ra BERT_RUNS <<<"$(runs bert "${VARIANTS[@]}" | tr '\n' ' ')"
+read -ra MINILM_RUNS <<<"$(runs minilm "${MINILM_VARIANTS[@]}" | tr '\n' ' ')"
 
 # 5. Held-out masked-LM figures on one fixed uniform mask, and the evaluation suite per family, each as
 #    soon as that family's students are done.
@@ -280,15 +306,16 @@ score() {  # score FAMILY MLM_TEACHER SUITE_TEACHER STUDENT_RUN_DIR...
     fi
 }
 if family minilm; then
-    pool_await "${MINILM_VARIANTS[@]/#/minilm-}"
-    score minilm "$MINILM_TEACHER" "$MINILM" "${MINILM_STUDENTS[@]}"
+    pool_await "${MINILM_RUNS[@]}"
+    score minilm "$MINILM_TEACHER" "$MINILM" "${MINILM_RUNS[@]/#/$OUT/}"
 fi
 if family bert; then
-    pool_await "${VARIANTS[@]/#/bert-}"
-    score bert "$OUT/teacher/student" "$OUT/teacher/student" "${BERT_STUDENTS[@]}"
+    pool_await "${BERT_RUNS[@]}"
+    score bert "$OUT/teacher/student" "$OUT/teacher/student" "${BERT_RUNS[@]/#/$OUT/}"
 fi
 pool_finish
 
-# 6. The table.
+# 6. The table (and, for a study, its comparisons decided as its protocol says).
 "$PYTHON" benchmarks/quality/ablation_report.py "$OUT" --scale "$SCALE" --corpora "$CORPORA" \
-    --families "${FAMILIES[@]}" --wall-seconds $((SECONDS - started)) --jobs "$POOL_JOBS"
+    --families "${FAMILIES[@]}" --wall-seconds $((SECONDS - started)) --jobs "$POOL_JOBS" \
+    ${ABLATION_PROTOCOL:+--protocol "$ABLATION_PROTOCOL"}

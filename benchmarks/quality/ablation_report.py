@@ -141,6 +141,38 @@ def comparison_lines(found: list[dict[str, Any]], label: dict[str, str] | None =
     return lines
 
 
+def study(protocol_path: Path, out: Path, exploratory: list[tuple[str, str]]) -> dict[str, Any]:
+    """A study's protocol (as committed) and its comparisons decided from the suite's predictions
+    (``benchmarks/quality/protocol.py``), then any ``exploratory`` ones, labelled so."""
+    from benchmarks.quality import protocol
+
+    fixed = protocol.load(protocol_path)
+    suite = json.loads((out / f"suite-{fixed['family']}.json").read_text())
+    found = protocol.decide(fixed, suite, exploratory)
+    return {"path": str(protocol_path), "protocol": fixed, "comparisons": found}
+
+
+def study_lines(found: dict[str, Any]) -> list[str]:
+    """The study's comparisons: the protocol's (confirmatory, decided together by Holm's procedure) first."""
+    level = found["protocol"]["decision"]["level"]
+    fixed = found["protocol"]
+    lines = [
+        f"Study `{fixed['study']}` ({found['path']}, fixed before the runs): {fixed['question']}",
+        "",
+        "| first - second | kind | students | suite skill above chance [95 % interval] | p | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in found["comparisons"]:
+        rule = f"Holm, family-wise {level:.0%}" if c["kind"] == "confirmatory" else f"alone at {level:.0%}"
+        low, high = c["ci95"]
+        lines.append(
+            f"| ({c['first']}) - ({c['second']}) | {c['kind']} | {c['students'][0]} / {c['students'][1]} | "
+            f"{c['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {c['p']:.3f} | "
+            f"{described(c, c['first'], c['second']).split(': ', 1)[1]} ({rule}) |"
+        )
+    return lines
+
+
 def build(out: Path, scale: str, corpora: str, wall_seconds: int, families: list[str], jobs: int) -> dict[str, Any]:
     with (out / "runs.tsv").open(encoding="utf-8") as f:
         steps = list(csv.DictReader(f, delimiter="\t"))
@@ -342,6 +374,8 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|",
         *(f"| {s['name']} | {s['seconds']} | `{s['command']}` |" for s in report["steps"]),
     ]
+    if report.get("study"):  # a study's comparisons are its protocol's, with replicated students
+        return "\n".join([*lines, "", *study_lines(report["study"]), *notes]) + "\n"
     compared = comparison_lines(report.get("comparisons", []))
     if compared:
         compared = [
@@ -364,12 +398,17 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--jobs", type=int, default=1, help="steps the script ran at once (ABLATION_JOBS)")
     parser.add_argument("--into", type=Path, help="write the report here instead of OUT (a report per family)")
+    parser.add_argument("--protocol", type=Path, help="the study's protocol: decide its comparisons as it says")
+    parser.add_argument("--exploratory", nargs="*", default=[], metavar="FIRST:SECOND", help="added after the runs")
     args = parser.parse_args()
     into = args.into or args.out
     if args.merge:
         report = merge([json.loads(path.read_text()) for path in args.merge])
     elif args.scale and args.corpora and args.wall_seconds is not None:
         report = build(args.out, args.scale, args.corpora, args.wall_seconds, args.families, args.jobs)
+        if args.protocol:
+            added = [tuple(pair.split(":")) for pair in args.exploratory]
+            report["study"] = study(args.protocol, args.out, added)
     else:
         parser.error("--scale, --corpora and --wall-seconds are required without --merge")
     into.mkdir(parents=True, exist_ok=True)
