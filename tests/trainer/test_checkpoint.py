@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -114,17 +115,26 @@ def test_save_student_replaces_atomically_and_leaves_nothing_behind_on_failure(
     assert BertForMaskedLM.from_pretrained(dest).config.hidden_size == 16
 
 
-# Two saves through a real DeepSpeed engine (a world of one, gloo): the second into a step directory that a
-# killed save of two ranks left, with rank 1's partition and no `latest` naming it.
-SAVE_TWICE = """
+# Saves through a real DeepSpeed engine (a world of one, gloo), its output directory a small real filesystem: the
+# second into a step directory that a killed save of two ranks left, with rank 1's partition and no `latest` naming
+# it; then one into the filesystem remounted read-only, and one into it filled up. Each failed save's error, how long
+# it took, the step directories it left and the free bytes before and after go to the last line, as JSON.
+SAVES = """
+import json
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, "tests")
+from helpers import fill
+
 from common.config import load_config
 from trainer.config import TrainConfig
-from trainer.runtime.checkpoint import Checkpointer, saved_world_size
+from trainer.runtime.checkpoint import Checkpointer, checkpoint_dirs, saved_world_size
 from trainer.runtime.engine import build_engine, deepspeed_config, init_distributed
 
 out = Path(sys.argv[1])
@@ -132,25 +142,84 @@ overrides = ["data=unused", f"output_dir={out}", "global_batch_size=2", "micro_b
 cfg = load_config(TrainConfig, "configs/tiny-cpu.yaml", overrides)
 world = init_distributed()
 engine = build_engine(torch.nn.Linear(4, 4), cfg, deepspeed_config(cfg, world.world_size), world.device)
-checkpoints = Checkpointer(out, every_steps=1, keep_last=3, is_main=True)
-for step in (1, 2):
+checkpoints = Checkpointer(out, every_steps=1, keep_last=3, is_main=True, save_bytes=2**16)
+
+
+def save(step):
     engine.backward(engine(torch.ones(2, 4)).square().mean())
     engine.step()
+    checkpoints.save(engine, step, {"step": step}, lambda dest: dest.mkdir())
+
+
+def failed_save(step):
+    free, started = shutil.disk_usage(out).free, time.monotonic()
+    try:
+        save(step)
+    except OSError as err:
+        seconds = time.monotonic() - started
+        left = [p.name for p in checkpoint_dirs(checkpoints.root)]
+        return {"error": str(err), "seconds": seconds, "left": left, "free": [free, shutil.disk_usage(out).free]}
+    raise AssertionError(f"the save of step {step} did not fail")
+
+
+for step in (1, 2):
     if step == 2:
         (checkpoints.root / "step-00000002").mkdir()
         (checkpoints.root / "step-00000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"torn")
-    checkpoints.save(engine, step, {"step": step}, lambda dest: dest.mkdir())
+    save(step)
 print(checkpoints.latest().name, saved_world_size(checkpoints.latest()))
+subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+refused = failed_save(3)
+subprocess.run(["mount", "-o", "remount,rw", str(out)], check=True)
+ballast = fill(out, leave_bytes=4096)
+full = failed_save(4)
+ballast.unlink()
+print(json.dumps({"refused": refused, "full": full, "latest": checkpoints.latest().name}))
 """
 
 
-def test_a_save_into_a_killed_saves_directory_keeps_none_of_its_files(tmp_path: Path) -> None:
-    """Rank 1's partition from the killed save would make the checkpoint look saved by two ranks, and a resume
-    on one rank would convert it to the universal form from two training states (or fail on a torn file)."""
+def test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_out_of_room(tmp_path: Path) -> None:
+    """A save into the step directory a killed save left keeps none of its files: rank 1's partition from the
+    killed save would make the checkpoint look saved by two ranks, and a resume on one rank would convert it to
+    the universal form from two training states (or fail on a torn file). A save into a read-only filesystem (a
+    real one: we are root, whom file modes do not stop, so the filesystem is remounted read-only) and one into a
+    full filesystem each fail within a second in one line naming the stage, the path, and for the full disk the
+    bytes; the partial step directory is gone, the free space is what it was before the attempt, and `latest`
+    still names the last complete checkpoint."""
+    from helpers import record_fault, small_tmpfs
+
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = run_in_repo([sys.executable, "-c", SAVE_TWICE, str(tmp_path)], env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-2:] == [tag_for(2), "1"]
-    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for(2)
+    with small_tmpfs(tmp_path / "disk", 8) as disk:
+        proc = run_in_repo([sys.executable, "-c", SAVES, str(disk)], env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = proc.stdout.splitlines()
+        assert lines[-2].split()[-2:] == [tag_for(2), "1"]
+        assert (disk / "checkpoints" / "latest").read_text() == tag_for(2)
+    faults = json.loads(lines[-1])
+    root, then = disk / "checkpoints", f"`latest` still names {tag_for(2)}: relaunch to resume from it"
+    assert faults["refused"]["error"] == (
+        f"[Errno 30] writing checkpoint {tag_for(3)} into {root}: read-only file system ({root / tag_for(3)}): make "
+        f"it writable by this user; {then}"
+    )
+    said = rf"\[Errno 28\] writing checkpoint {tag_for(4)} into {root}: .+; it needs about 65,536 bytes, ([\d,]+) "
+    free = re.fullmatch(said + rf"bytes are free there; {re.escape(then)}", faults["full"]["error"])
+    assert free is not None, faults["full"]["error"]
+    for fault in ("refused", "full"):
+        assert faults[fault]["left"] == [tag_for(1), tag_for(2)] and faults["latest"] == tag_for(2)
+        assert faults[fault]["free"][1] >= faults[fault]["free"][0]  # as before the attempt: its partial removed
+        assert faults[fault]["seconds"] < 1.0
+    record_fault(
+        "failed-save",
+        fault="a checkpoint save into a read-only filesystem, and into a full one (a real 8 MB filesystem)",
+        injected=2,
+        kinds={"EROFS on a save": 1, "ENOSPC on a save": 1},
+        outcome="one line each naming the checkpoint, the directory and for the full disk the bytes needed and "
+        f"free, within {max(faults[f]['seconds'] for f in ('refused', 'full')):.2f} s; no partial step directory "
+        "left, the free space as before the attempt, `latest` intact",
+        data_lost=0,
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
+    )
