@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 from common.config import ConfigError
 from trainer.commands.export import resolve_checkpoint, save_student
 from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
-from trainer.runtime.metrics import truncate_after
+from trainer.runtime.metrics import MetricsLog, truncate_after
 
 
 def make_checkpoints(root: Path, steps: list[int], latest: int | None = None) -> None:
@@ -90,6 +91,19 @@ def test_metrics_log_is_cut_back_to_the_resumed_step(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
     truncate_after(tmp_path / "absent.jsonl", 5)  # a fresh run has nothing to cut
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_the_metrics_file_names_its_stage_when_the_output_directory_is_gone(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    metrics = MetricsLog(run, is_main=True, max_steps=10, start_step=0)
+    metrics.write(1, {"train/loss": 1.0})
+    shutil.rmtree(run)  # removed under the running job
+    with pytest.raises(FileNotFoundError) as gone:
+        metrics.write(2, {"train/loss": 0.9})
+    assert str(gone.value) == (
+        f"[Errno 2] writing the metrics of step 2 (metrics.jsonl) into {run}: no such file or directory "
+        f"({run / 'metrics.jsonl'}): it was removed while being written"
+    )
 
 
 def test_save_student_replaces_atomically_and_leaves_nothing_behind_on_failure(
