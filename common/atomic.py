@@ -7,7 +7,7 @@ visible under its final name, and its permissions must not depend on how it was 
 A write that fails for a reason outside the program (:func:`explaining_full_disk`): no room, a refused
 permission or a read-only filesystem, a path removed while it was written, fails with one message that
 names what was being written, where, and for a full disk the bytes it needed and those free, instead of a
-library's traceback; :func:`removed_on_failure` leaves the disk as it was before such a write.
+library's traceback, and what it had written removed, so that the disk is as it was before the attempt.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def write_fault(err: BaseException, where: str | Path, needed: int | None) -> st
 
 
 @contextmanager
-def explaining_full_disk(what: str, where: str | Path, needed: int | None, then: str = "") -> Iterator[None]:
+def explaining_full_disk(
+    what: str, where: str | Path, needed: int | None, then: str = "", partial: str | Path | None = None
+) -> Iterator[None]:
     """Within the block, a write that fails for a reason the user must fix outside the program raises one line:
 
     * no room: :class:`OutOfSpace`, ``writing WHAT into WHERE: no space left on device; it needs about N bytes,
@@ -88,14 +90,19 @@ def explaining_full_disk(what: str, where: str | Path, needed: int | None, then:
       it was removed while being written``;
 
     each followed by ``; THEN`` when ``then`` says what is left (e.g. the checkpoint a relaunch resumes from).
-    ``what`` names the stage ("checkpoint step-00001000", "the student ..."). Other errors pass unchanged.
-    common.cli.run_cli prints any of these as its one line, with exit status 2."""
+    ``what`` names the stage ("checkpoint step-00001000", "the student ..."). ``partial``: the directory the
+    block was writing, removed with whatever it holds before the error is raised, so that the disk is as it was
+    before the attempt (a partial checkpoint would otherwise keep the space a full disk lacked); the free bytes
+    are counted after. Other errors pass unchanged, ``partial`` kept (a save torn by a lost peer is the next
+    save's to empty). common.cli.run_cli prints any of these as its one line, with exit status 2."""
     try:
         yield
     except Exception as err:  # writers wrap the errno their own way (torch's RuntimeError, safetensors' error)
         kind = write_fault(err, where, needed)
         if kind is None:
             raise
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
         code = err.errno if isinstance(err, OSError) and err.errno else None
         # A full disk's cause is its own errno; another's (a peer's cleanup removed the path) would mislead.
         cause = os.strerror(code) if code and (kind != "full" or code in FULL) else "a write failed"
@@ -116,18 +123,6 @@ def explaining_full_disk(what: str, where: str | Path, needed: int | None, then:
             + ("" if free is None else f", {free:,} bytes are free there")
             + tail,
         ) from err
-
-
-@contextmanager
-def removed_on_failure(path: str | Path) -> Iterator[None]:
-    """On an error in the block, ``path`` (the directory the block was writing) is removed with whatever the
-    block had written into it, so that a failed write leaves the disk as it was: a partial checkpoint would
-    otherwise keep the space a full disk lacked."""
-    try:
-        yield
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
 
 
 @contextmanager

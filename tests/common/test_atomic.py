@@ -13,7 +13,6 @@ from common.atomic import (
     OutOfSpace,
     atomic_directory,
     explaining_full_disk,
-    removed_on_failure,
     write_text_atomically,
 )
 
@@ -79,7 +78,7 @@ def test_a_full_disk_says_what_needed_how_many_bytes_and_publishes_nothing(tmp_p
         (disk / "blob").unlink()
         # What a failed write had written goes with it: the disk is as it was before the attempt.
         before = shutil.disk_usage(disk).free
-        with pytest.raises(OutOfSpace), explaining_full_disk("parts", disk, needed), removed_on_failure(disk / "parts"):
+        with pytest.raises(OutOfSpace), explaining_full_disk("parts", disk, needed, partial=disk / "parts"):
             (disk / "parts").mkdir()
             (disk / "parts" / "a").write_bytes(b"\0" * needed)
         assert sorted(p.name for p in disk.iterdir()) == [] and shutil.disk_usage(disk).free == before

@@ -40,7 +40,6 @@ from common.atomic import (
     atomic_directory,
     explaining_full_disk,
     free_bytes,
-    removed_on_failure,
     size_text,
     write_text_atomically,
 )
@@ -243,12 +242,12 @@ class Checkpointer:
         """
         tag = tag_for(step)
         # A full disk, a refused write or a directory removed meanwhile fails the run in one line (naming the bytes
-        # for a full disk); every rank that fails removes the partial step directory, so that the disk is as it
+        # for a full disk); every rank that meets it removes the partial step directory, so that the disk is as it
         # was before the attempt, and `latest` still names the last complete save.
         previous = latest_tag(self.root)
         then = f"`latest` still names {previous}: relaunch to resume from it" if previous else "nothing was saved yet"
-        partial = removed_on_failure(self.root / tag) if previous != tag else contextlib.nullcontext()
-        with explaining_full_disk(f"checkpoint {tag}", self.root, self.save_bytes, then), partial:
+        partial = self.root / tag if previous != tag else None
+        with explaining_full_disk(f"checkpoint {tag}", self.root, self.save_bytes, then, partial):
             if self.is_main:
                 if (self.root / tag).is_dir() and previous != tag:  # what a killed save left
                     shutil.rmtree(self.root / tag)

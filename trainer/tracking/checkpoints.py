@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.atomic import FULL, explaining_full_disk, removed_on_failure
+from common.atomic import FULL, explaining_full_disk
 from trainer.tracking.config import MlflowConfig
 
 if TYPE_CHECKING:
@@ -82,8 +82,7 @@ def snapshot(checkpoint: Path, queue: Path, request: dict[str, Any]) -> Path:
     tmp = queue / f".{checkpoint.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # what a killed snapshot left
     then = f"{checkpoint.name} itself is saved: relaunch to resume from it and register it"
-    explained = explaining_full_disk(f"the registration snapshot of {checkpoint.name}", queue, None, then)
-    with explained, removed_on_failure(tmp):
+    with explaining_full_disk(f"the registration snapshot of {checkpoint.name}", queue, None, then, partial=tmp):
         queue.mkdir(parents=True, exist_ok=True)
         shutil.copytree(checkpoint, tmp, copy_function=link_or_copy)
         (tmp / REQUEST).write_text(json.dumps(request, indent=1) + "\n", encoding="utf-8")
