@@ -32,6 +32,7 @@ FAULT_TESTS = [
     "tests/trainer/test_storage.py::test_the_start_check_names_a_removed_and_a_truncated_shard_in_one_line_without_reading_any",
     "tests/trainer/test_storage.py::test_a_shard_that_vanishes_mid_run_stops_the_rank_in_one_line_naming_it",
     "tests/trainer/test_checkpoint.py::test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_out_of_room",
+    "tests/trainer/test_checkpoint.py::test_the_start_check_refuses_an_output_dir_without_room_or_read_only_in_one_line",
     "tests/tracking/test_registry_auth.py",
 ]
 RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV

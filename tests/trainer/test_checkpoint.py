@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import pytest
 from helpers import REPO, run_in_repo
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
+from common.atomic import size_text
 from common.config import ConfigError
 from trainer.commands.export import resolve_checkpoint, save_student
-from trainer.runtime.checkpoint import checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
+from trainer.runtime.checkpoint import Checkpointer, checkpoint_dirs, latest_tag, prune, saved_world_size, tag_for
 from trainer.runtime.metrics import MetricsLog, truncate_after
 
 
@@ -91,6 +93,52 @@ def test_metrics_log_is_cut_back_to_the_resumed_step(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
     truncate_after(tmp_path / "absent.jsonl", 5)  # a fresh run has nothing to cut
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_the_start_check_refuses_an_output_dir_without_room_or_read_only_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Room for keep_last + 1 checkpoints (less what checkpoints already there hold) and the export, on a real
+    8 MB filesystem; then too little, and the filesystem remounted read-only (we are root, whom file modes do
+    not stop): each refused in one line naming output_dir, what it has and needs, and the fix, exit status 2,
+    nothing written."""
+    from helpers import record_fault, refusal, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", 8) as disk:
+        out = disk / "run"
+        checkpoints = Checkpointer(out, every_steps=5, keep_last=2, is_main=True)
+        free = size_text(shutil.disk_usage(disk).free)
+        assert checkpoints.check_room(2 * 10**6, 10**6) == (
+            f"output_dir: {free} free, needs 7 MB for keep_last+1 = 3 checkpoints of 2 MB and the export of 1 MB"
+        )
+        (checkpoints.root / tag_for(5)).mkdir(parents=True)
+        (checkpoints.root / tag_for(5) / "mp_rank_00_model_states.pt").write_bytes(bytes(2 * 10**6))
+        free = size_text(shutil.disk_usage(disk).free)
+        said, took = refusal(lambda: checkpoints.check_room(4 * 10**6, 10**6), capsys)
+        assert said == (
+            f"output_dir: {out} has {free} free, but the run needs 11 MB for keep_last+1 = 3 checkpoints of 4 MB "
+            "(2 MB of them there already) and the export of 1 MB: free space there, lower checkpoint.keep_last, or "
+            "set output_dir to a larger filesystem"
+        )
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        refused, refused_s = refusal(lambda: checkpoints.check_room(4 * 10**6, 10**6), capsys)
+        assert refused == (
+            f"output_dir: cannot write into {out}: read-only file system; make it writable by this user (a "
+            "read-only mount?) or set output_dir to a directory that is"
+        )
+        assert [p.name for p in out.iterdir()] == ["checkpoints"] and max(took, refused_s) < 1.0
+    record_fault(
+        "output-dir-at-start",
+        fault="an output_dir without room for the checkpoints and the export, and one read-only, at the start",
+        injected=2,
+        kinds={"too little room": 1, "read-only filesystem": 1},
+        outcome=f"refused at the start in {max(took, refused_s):.3f} s, before any weight loads: one line naming "
+        "output_dir, the free and needed bytes (or the refusal) and the fix; exit status 2; nothing written",
+        data_lost=0,
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
+    )
 
 
 def test_the_metrics_file_names_its_stage_when_the_output_directory_is_gone(tmp_path: Path) -> None:

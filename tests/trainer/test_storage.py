@@ -11,16 +11,14 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import S3_CREDENTIALS, TcpProxy, record_fault
+from helpers import S3_CREDENTIALS, TcpProxy, record_fault, refusal
 
 from common.atomic import size_text
-from common.cli import run_cli
 from trainer.config import LoaderConfig
 from trainer.runtime import storage
 from trainer.runtime.data import (
@@ -254,18 +252,6 @@ def sized_copy(tiny_dataset_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def refusal(check: Callable[[], object], capsys: pytest.CaptureFixture[str]) -> tuple[str, float]:
-    """What ``check`` says through the trainer's command line (common.cli.run_cli) when it refuses, its exit status
-    asserted, and how long it took."""
-    capsys.readouterr()
-    started = time.monotonic()
-    assert run_cli(lambda _: check(), []) == 2
-    took = time.monotonic() - started
-    said = capsys.readouterr().err
-    assert said.endswith("\n") and said.count("\n") == 1, said  # one line
-    return said.removeprefix("error: ").rstrip("\n"), took
-
-
 def test_the_start_check_names_a_removed_and_a_truncated_shard_in_one_line_without_reading_any(
     tiny_dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
@@ -319,7 +305,7 @@ def test_the_start_check_lists_an_object_store_and_names_a_missing_object(
     moto_server.client().delete_object(Bucket="listed", Key=gone.removeprefix("s3://listed/"))
     said, took = refusal(lambda: check_shards_present(open_dataset(url)), capsys)
     assert said.startswith(f"data: of the 10 shards {url}/manifest.json lists, 1 missing ({gone}): copy the dataset")
-    assert took < 2.0
+    assert took < 5.0
 
 
 def test_a_shard_that_vanishes_mid_run_stops_the_rank_in_one_line_naming_it(
