@@ -510,7 +510,7 @@ def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_re
         room = re.search(r"error: output_dir: \S+ has [\d.]+ [kMG]?B free, but the run needs .+\n", log)
         assert room is not None and "free space there, lower checkpoint.keep_last" in room.group(0), log[-3000:]
         assert "distilling" not in log and latest_step(out) == int(kept)  # stopped before any weight loaded
-        assert took < 60
+        assert took < 120  # the launcher's start and the ranks' imports: the check itself takes under a second
 
         ballast.unlink()
         relaunched = time.monotonic()
