@@ -30,17 +30,12 @@ class OutOfSpace(OSError):
 
 def free_bytes(where: str | Path) -> int | None:
     """Free bytes on the local filesystem holding ``where`` (its nearest existing ancestor); None for a URL."""
+    path = Path(where)
     if "://" in str(where):
         return None
-    return shutil.disk_usage(existing_ancestor(where)).free
-
-
-def existing_ancestor(where: str | Path) -> Path:
-    """``where`` itself if it exists, else its nearest ancestor that does."""
-    path = Path(where)
     while not path.exists() and path != path.parent:
         path = path.parent
-    return path
+    return shutil.disk_usage(path).free
 
 
 def size_text(n: float) -> str:
