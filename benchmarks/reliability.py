@@ -4,8 +4,9 @@ injected and what happened, gathered into one result file and rendered as the ta
     python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/faults.md]
     python benchmarks/reliability.py --from-result --docs docs/faults.md   # render the committed file
 
-The tests (``FAULT_TESTS``) are the suite's own, in its full tier: they start the real launcher on CPU ranks
-and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test
+The tests (``FAULT_TESTS``) are the suite's own, most in its full tier: they start the real launcher on CPU ranks
+(or, for a fault a single process meets the same way, the real loader, engine or filesystem in one) and assert the
+outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test
 that fails fails this script. Each writes its record through ``tests/helpers.record_fault``.
 """
 
@@ -28,6 +29,10 @@ FAULT_TESTS = [
     "tests/trainer/test_launcher.py::test_a_node_that_freezes_mid_step_stops_the_other_within_the_peer_timeout_and_both_resume",
     "tests/trainer/test_launcher.py::test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_resumes",
     "tests/trainer/test_storage.py::test_with_damaged_shards_skip_its_samples_are_counted_never_used_and_the_positions_stay_exact",
+    "tests/trainer/test_storage.py::test_the_start_check_names_a_removed_and_a_truncated_shard_in_one_line_without_reading_any",
+    "tests/trainer/test_storage.py::test_a_shard_that_vanishes_mid_run_stops_the_rank_in_one_line_naming_it",
+    "tests/trainer/test_checkpoint.py::test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_out_of_room",
+    "tests/trainer/test_checkpoint.py::test_the_start_check_refuses_an_output_dir_without_room_or_read_only_in_one_line",
     "tests/tracking/test_registry_auth.py",
 ]
 RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV
@@ -57,7 +62,7 @@ def table(result: dict) -> str:
     rows += [
         "",
         made_by(result, f"{result['machine']['cpus']} CPUs")
-        + f"; each row is a test in the suite's full tier: {', '.join(sorted(result['tests']))}.",
+        + f"; each row is a test in the suite: {', '.join(sorted(result['tests']))}.",
     ]
     return "\n".join(rows)
 

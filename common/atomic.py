@@ -4,8 +4,10 @@ Model directories (an exported student, a fine-tuned classifier, a pulled model,
 ``hf/`` files) are read by other processes and other users: a half-written one must never be
 visible under its final name, and its permissions must not depend on how it was made.
 
-A write that runs out of room (:func:`explaining_full_disk`) fails with :class:`OutOfSpace`, one message that
-names what was being written, where, the bytes it needed and those free, instead of a library's traceback.
+A write that fails for a reason outside the program (:func:`explaining_full_disk`): no room, a refused
+permission or a read-only filesystem, a path removed while it was written, fails with one message that
+names what was being written, where, and for a full disk the bytes it needed and those free, instead of a
+library's traceback, and what it had written removed, so that the disk is as it was before the attempt.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
+REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission, or a filesystem mounted read-only
 
 
 class OutOfSpace(OSError):
@@ -35,32 +38,85 @@ def free_bytes(where: str | Path) -> int | None:
     return shutil.disk_usage(path).free
 
 
-def is_full_disk(err: BaseException, where: str | Path, needed: int | None) -> bool:
-    """Whether ``err`` is a write that found no room: an OSError with ENOSPC, EDQUOT or EFBIG, or a library's
-    own error (torch.save's C++ writer drops the errno: "iostream error", "unexpected pos"; safetensors wraps it)
-    while ``where`` has less free space than ``needed`` (1 MB if unknown): the write could not have fitted."""
-    if isinstance(err, OSError):
-        return err.errno in FULL
+def size_text(n: float) -> str:
+    """Bytes as a person reads them at a glance: ``880 kB``, ``33.4 MB``, ``1.2 GB`` (decimal units)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def write_fault(err: BaseException, where: str | Path, needed: int | None) -> str | None:
+    """What stopped a write into ``where``: ``"full"``, ``"refused"``, ``"vanished"``, or None (not such a fault).
+
+    An OSError says by its errno: ENOSPC, EDQUOT or EFBIG is full; EACCES, EPERM or EROFS refused; ENOENT
+    vanished, unless ``where`` has less room than ``needed`` (another rank removed its share of a save that ran
+    out of room: the full disk is the story). A library's own error (torch.save's C++ writer drops the errno:
+    "iostream error", "unexpected pos", "cannot be opened"; safetensors wraps it) is read from the filesystem:
+    full when ``where`` has less free space than ``needed`` (1 MB if unknown), vanished when ``where`` is gone,
+    refused when it is not writable."""
     free = free_bytes(where)
-    return free is not None and free < max(needed or 0, 2**20)
+    short = free is not None and free < max(needed or 0, 2**20)
+    if isinstance(err, OSError) and err.errno:
+        if err.errno in FULL or (err.errno == errno.ENOENT and short):
+            return "full"
+        return "refused" if err.errno in REFUSED else "vanished" if err.errno == errno.ENOENT else None
+    if short:
+        return "full"
+    if "://" in str(where):
+        return None
+    if not Path(where).exists():
+        return "vanished"
+    return None if os.access(where, os.W_OK) else "refused"
 
 
 @contextmanager
-def explaining_full_disk(what: str, where: str | Path, needed: int | None) -> Iterator[None]:
-    """Within the block, a write that runs out of room raises :class:`OutOfSpace`: ``what`` (e.g. "checkpoint
-    step-00001000") into ``where`` needed about ``needed`` bytes, and this many were free. Other errors pass."""
+def explaining_full_disk(
+    what: str, where: str | Path, needed: int | None, then: str = "", partial: str | Path | None = None
+) -> Iterator[None]:
+    """Within the block, a write that fails for a reason the user must fix outside the program raises one line:
+
+    * no room: :class:`OutOfSpace`, ``writing WHAT into WHERE: no space left on device; it needs about N bytes,
+      F bytes are free there``;
+    * a refused permission or a read-only filesystem: PermissionError, ``writing WHAT into WHERE: read-only file
+      system (PATH): make it writable by this user``;
+    * a path removed meanwhile: FileNotFoundError, ``writing WHAT into WHERE: no such file or directory (PATH):
+      it was removed while being written``;
+
+    each followed by ``; THEN`` when ``then`` says what is left (e.g. the checkpoint a relaunch resumes from).
+    ``what`` names the stage ("checkpoint step-00001000", "the student ..."). ``partial``: the directory the
+    block was writing, removed with whatever it holds before the error is raised, so that the disk is as it was
+    before the attempt (a partial checkpoint would otherwise keep the space a full disk lacked); the free bytes
+    are counted after. Other errors pass unchanged, ``partial`` kept (a save torn by a lost peer is the next
+    save's to empty). common.cli.run_cli prints any of these as its one line, with exit status 2."""
     try:
         yield
     except Exception as err:  # writers wrap the errno their own way (torch's RuntimeError, safetensors' error)
-        if not is_full_disk(err, where, needed):
+        kind = write_fault(err, where, needed)
+        if kind is None:
             raise
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        code = err.errno if isinstance(err, OSError) and err.errno else None
+        # A full disk's cause is its own errno; another's (a peer's cleanup removed the path) would mislead.
+        cause = os.strerror(code) if code and (kind != "full" or code in FULL) else "a write failed"
+        said = f"writing {what} into {where}: {cause.lower()}"
+        if kind != "full":
+            filename = getattr(err, "filename", None)
+            said += f" ({filename})" if filename else ""
+        tail = f"; {then}" if then else ""
+        if kind == "refused":
+            raise PermissionError(code or errno.EACCES, f"{said}: make it writable by this user{tail}") from err
+        if kind == "vanished":
+            raise FileNotFoundError(errno.ENOENT, f"{said}: it was removed while being written{tail}") from err
         free = free_bytes(where)
-        cause = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else "a write failed"
         raise OutOfSpace(
             errno.ENOSPC,
-            f"writing {what} into {where}: {cause.lower()}; it needs about "
-            + (f"{needed:,} bytes" if needed is not None else "more room")
-            + ("" if free is None else f", {free:,} bytes are free there"),
+            said
+            + (f"; it needs about {needed:,} bytes" if needed is not None else "; it needs more room")
+            + ("" if free is None else f", {free:,} bytes are free there")
+            + tail,
         ) from err
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pytest
     import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,6 +225,20 @@ TINY_DATASET_SETTINGS: dict[str, object] = {
     "spill_bytes": 32768,
     "bucket_input_bytes": 65536,
 }
+
+
+def refusal(check: Callable[[], object], capsys: pytest.CaptureFixture[str]) -> tuple[str, float]:
+    """What ``check`` says through the trainer's command line (``common.cli.run_cli``) when it refuses: its one
+    line (asserted to be one), the exit status asserted to be 2, and how long it took."""
+    from common.cli import run_cli
+
+    capsys.readouterr()
+    started = time.monotonic()
+    assert run_cli(lambda _: check(), []) == 2
+    took = time.monotonic() - started
+    said = capsys.readouterr().err
+    assert said.endswith("\n") and said.count("\n") == 1, said
+    return said.removeprefix("error: ").rstrip("\n"), took
 
 
 # ------------------------------------------------------------------ runs of the real deepspeed launcher

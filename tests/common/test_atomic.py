@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from common.atomic import OutOfSpace, atomic_directory, explaining_full_disk, write_text_atomically
+from common.atomic import (
+    OutOfSpace,
+    atomic_directory,
+    explaining_full_disk,
+    write_text_atomically,
+)
 
 
 def mode(path: Path) -> int:
@@ -51,19 +58,34 @@ def test_text_is_replaced_atomically(tmp_path: Path) -> None:
 
 def test_a_full_disk_says_what_needed_how_many_bytes_and_publishes_nothing(tmp_path: Path) -> None:
     """On a real 4 MB filesystem: a plain write and torch.save (whose C++ writer drops the errno) both become one
-    OutOfSpace naming the path and the bytes; the directory being written is not published; other errors pass."""
+    OutOfSpace naming the path and the bytes; the directory being written is not published, nor kept; the same
+    filesystem read-only, one PermissionError naming it; other errors pass."""
     import torch
     from helpers import small_tmpfs
 
     with small_tmpfs(tmp_path / "disk", 4) as disk:
         needed = 6 * 2**20
+        # Read-only (remounted: we are root, whom file modes do not stop; first, while no file is open for writing):
+        # torch's writer drops the errno.
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        refused = rf"\[Errno 13\] writing weights into {disk}: a write failed: make it writable by this user; relaunch"
+        with pytest.raises(PermissionError, match=refused), explaining_full_disk("weights", disk, 10, "relaunch"):
+            torch.save(torch.zeros(4), disk / "weights.pt")
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
         said = rf"writing blob into {disk}: no space left on device; it needs about {needed:,} bytes, [\d,]+ bytes"
         with pytest.raises(OutOfSpace, match=said), explaining_full_disk("blob", disk, needed):
             (disk / "blob").write_bytes(b"\0" * needed)
         (disk / "blob").unlink()
+        # What a failed write had written goes with it: the disk is as it was before the attempt.
+        before = shutil.disk_usage(disk).free
+        with pytest.raises(OutOfSpace), explaining_full_disk("parts", disk, needed, partial=disk / "parts"):
+            (disk / "parts").mkdir()
+            (disk / "parts" / "a").write_bytes(b"\0" * needed)
+        assert sorted(p.name for p in disk.iterdir()) == [] and shutil.disk_usage(disk).free == before
         torn = pytest.raises(OutOfSpace, match=r"writing weights into .*: a write failed; it needs about")
         with torn, explaining_full_disk("weights", disk, needed), atomic_directory(disk / "student") as tmp:
             torch.save(torch.zeros(needed // 4), tmp / "weights.pt")
         assert sorted(p.name for p in disk.iterdir()) == []  # no student, no partial directory
+
     with pytest.raises(ValueError), explaining_full_disk("x", tmp_path, 1):  # room enough: not a full disk
         raise ValueError("something else")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, Launch, registered_settings
 
+from common.atomic import OutOfSpace
 from common.config import ConfigError
 from trainer.tracking.checkpoints import (
     QUEUE_DIR,
@@ -86,6 +88,30 @@ def test_a_snapshot_keeps_the_checkpoint_bytes_after_the_checkpoint_is_deleted(t
     remove_snapshot(queue / "step-00000060")
     assert [p.name for p in pending_snapshots(queue)] == [f"step-{s:08d}" for s in (30, 90, 120)]
     assert not any(p.name.startswith(".") for p in queue.iterdir())
+
+
+def test_a_snapshot_without_room_or_on_a_read_only_disk_fails_in_one_line_and_leaves_none(tmp_path):
+    """On a real filesystem, full and then remounted read-only (we are root: file modes would not stop us)."""
+    from helpers import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", 4) as disk:
+        checkpoint, queue = fake_checkpoint(disk, 30), disk / QUEUE_DIR
+        said = f"writing the registration snapshot of step-00000030 into {queue}: "
+        then = "; step-00000030 itself is saved: relaunch to resume from it and register it"
+        ballast = fill(disk, leave_bytes=0)
+        with pytest.raises(OutOfSpace) as full:
+            snapshot(checkpoint, queue, {"step": 30})
+        assert str(full.value).endswith(f"it needs more room, 0 bytes are free there{then}")
+        assert str(full.value).startswith(f"[Errno 28] {said}") and list(queue.iterdir()) == []
+        ballast.unlink()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        with pytest.raises(PermissionError) as refused:
+            snapshot(checkpoint, queue, {"step": 30})
+        tmp = queue / ".step-00000030.tmp"
+        assert (
+            str(refused.value) == f"[Errno 30] {said}read-only file system ({tmp}): make it writable by this user{then}"
+        )
+        assert list(queue.iterdir()) == []
 
 
 class NoRunYet:

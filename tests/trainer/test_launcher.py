@@ -475,9 +475,11 @@ def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_re
 ) -> None:
     """The run's output on a 200 MB filesystem that fills up after the first checkpoint (a ballast file leaves 4 MB,
     less than a save's ~33 MB): the next save fails the run with one line naming the checkpoint, the bytes it
-    needs and those free; ``latest`` still names the last complete checkpoint, intact. With the space back, the
-    same command resumes from it and trains as the uninterrupted run did. An export into the full filesystem
-    fails the same way and publishes nothing."""
+    needs and those free; its partial step directory is removed (the free space is what it was before the save),
+    and ``latest`` still names the last complete checkpoint, intact. Relaunched before any space is freed, the run
+    stops at its start check, in seconds and before any weight loads, with one line saying what the checkpoints
+    and the export need. With the space back, the same command resumes from it and trains as the uninterrupted
+    run did. An export into the full filesystem fails the same way and publishes nothing."""
     from helpers import check_latest_is_complete, fill, small_tmpfs
 
     with small_tmpfs(tmp_path / "disk", 200) as disk:
@@ -488,29 +490,46 @@ def test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_re
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.005)
         ballast = fill(disk, leave_bytes=4 * 2**20)
+        filled, before = time.monotonic(), shutil.disk_usage(disk).free
         assert proc.wait(timeout=RUN_TIMEOUT) != 0
+        stopped = time.monotonic() - filled
         log = console_log(out).read_text()
         said = (
-            r"error: \[Errno 28\] writing checkpoint step-0*(\d+) \(`latest` still names step-0*(\d+): free space "
-            r"and relaunch\) into \S+: .+; it needs about ([\d,]+) bytes, ([\d,]+) bytes are free there"
+            r"error: \[Errno 28\] writing checkpoint step-0*(\d+) into \S+: .+; it needs about ([\d,]+) bytes, "
+            r"([\d,]+) bytes are free there; `latest` still names step-0*(\d+): relaunch to resume from it\n"
         )
-        failed, kept, needed, free = re.search(said, log).groups()
+        failed, needed, free, kept = re.search(said, log).groups()
         assert latest_step(out) == int(kept) < int(failed) and int(free.replace(",", "")) < int(needed.replace(",", ""))
         check_latest_is_complete(out)
+        assert not (out / "checkpoints" / f"step-{int(failed):08d}").exists()  # the partial save went with it
+        assert shutil.disk_usage(disk).free >= before - 2**20  # its bytes too (a metrics line or two stay)
+
+        started = time.monotonic()  # the same command, no space freed: refused at the start
+        refused = start(tiny_teacher_dir, tiny_dataset_dir, out, log_name="refused")
+        assert refused.wait(timeout=RUN_TIMEOUT) != 0
+        took = time.monotonic() - started
+        log = console_log(out, "refused").read_text()
+        room = re.search(r"error: output_dir: \S+ has [\d.]+ [kMG]?B free, but the run needs .+\n", log)
+        assert room is not None and "free space there, lower checkpoint.keep_last" in room.group(0), log[-3000:]
+        assert "distilling" not in log and latest_step(out) == int(kept)  # stopped before any weight loaded
+        assert took < 120  # the launcher's start and the ranks' imports: the check itself takes under a second
 
         ballast.unlink()
         relaunched = time.monotonic()
         finish(start(tiny_teacher_dir, tiny_dataset_dir, out), out)
-        assert f"resumed from step {kept}" in console_log(out).read_text()
+        log = console_log(out).read_text()
+        assert f"resumed from step {kept}" in log
+        assert re.search(r"data: 8 train \+ 2 valid shards present, .+; output_dir: .+ free, needs .+\n", log)
         assert train_losses(out) == train_losses(reference_run)
         record_fault(
             "full-disk",
             fault="the checkpoint filesystem fills up mid-run (a real 200 MB filesystem, 4 MB left)",
             injected=1,
             kinds={"ENOSPC on a save": 1, "ENOSPC on an export": 1},
-            outcome=f"one line naming checkpoint step {failed}, {needed} bytes needed, {free} free; `latest` kept "
-            f"step {kept}, intact; relaunched with room: resumed, losses equal to the uninterrupted run's; the "
-            "export published nothing",
+            outcome=f"one line naming checkpoint step {failed}, {needed} bytes needed, {free} free, {stopped:.0f} s "
+            f"after the disk filled; its partial directory removed, `latest` kept step {kept}, intact; relaunched "
+            f"without room: refused at the start in {took:.0f} s, one line, no weight loaded; relaunched with room: "
+            "resumed, losses equal to the uninterrupted run's; the export published nothing",
             data_lost=0,
             stop_s=None,
             recovery_s=[time.monotonic() - relaunched] * 2,

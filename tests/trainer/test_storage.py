@@ -7,6 +7,7 @@ connection, as a store that went away does.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -15,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import S3_CREDENTIALS, TcpProxy, record_fault
+from helpers import S3_CREDENTIALS, TcpProxy, record_fault, refusal
 
+from common.atomic import size_text
 from trainer.config import LoaderConfig
 from trainer.runtime import storage
 from trainer.runtime.data import (
@@ -24,6 +26,7 @@ from trainer.runtime.data import (
     ShardReader,
     SlotStream,
     TrainLoader,
+    check_shards_present,
     load_token_counts,
     open_dataset,
     valid_batches,
@@ -235,3 +238,111 @@ def test_skipped_damaged_samples_reach_the_step_metrics_only_where_they_happened
     records = dict(meter.flush())
     assert "train/damaged_samples_skipped" not in records[1]
     assert records[2]["train/damaged_samples_skipped"] == 3 and records[2]["train/loss"] == 1.0
+
+
+def sized_copy(tiny_dataset_dir: Path, dest: Path) -> Path:
+    """A copy of the dataset whose manifest gives every shard's ``bytes`` (from the files, where the preprocessing
+    did not record them), which the start check compares."""
+    shutil.copytree(tiny_dataset_dir, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        for entry in split["shards"]:
+            entry.setdefault("bytes", (dest / entry["path"]).stat().st_size)
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
+def test_the_start_check_names_a_removed_and_a_truncated_shard_in_one_line_without_reading_any(
+    tiny_dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Before any weight loads, every shard the manifest lists is stat'ed (not read) against its recorded size:
+    a complete dataset gives the start's line; one shard removed and one truncated after the preprocessing
+    stop the run at once, in one line naming both and the fix, with a ConfigError's exit status. A shard
+    altered without a change of size passes: the sha256 check finds it when the shard is read."""
+    data = sized_copy(tiny_dataset_dir, tmp_path / "dataset")
+    dataset = open_dataset(data)
+    train, valid = dataset.shards("train"), dataset.shards("valid")
+    total = sum(s.bytes for s in train + valid)
+    altered = Path(train[0].path)
+    altered.write_bytes(bytes(altered.stat().st_size))  # zeros, the same size: a read would refuse it
+    assert (
+        check_shards_present(dataset)
+        == f"data: 8 train + 2 valid shards present, {size_text(total)} as the manifest says"
+    )
+
+    removed, truncated = Path(train[3].path), Path(valid[1].path)
+    removed.unlink()
+    truncated.write_bytes(truncated.read_bytes()[: valid[1].bytes // 2])
+    said, took = refusal(lambda: check_shards_present(open_dataset(data)), capsys)
+    assert said == (
+        f"data: of the 10 shards {data / 'manifest.json'} lists, 1 missing ({removed}); {truncated} has "
+        f"{valid[1].bytes // 2:,} bytes, the manifest says {valid[1].bytes:,}: copy the dataset again from where it "
+        "was made, or re-run the preprocessing into a new directory"
+    )
+    assert took < 1.0
+    record_fault(
+        "shard-gone-before-start",
+        fault="a shard removed and another truncated after the preprocessing, before the launch",
+        injected=2,
+        kinds={"removed": 1, "truncated": 1},
+        outcome=f"stopped at the start in {took:.2f} s (a stat of each shard, none read), before any weight loaded: "
+        "one line naming both shards, their sizes and the fix; exit status 2",
+        data_lost=0,
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
+    )
+
+
+def test_the_start_check_lists_an_object_store_and_names_a_missing_object(
+    s3_env, moto_server, tiny_dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """The same check against an S3 store: one listing per directory (not a read of each object)."""
+    url = moto_server.upload(sized_copy(tiny_dataset_dir, tmp_path / "dataset"), "listed", "tiny")
+    dataset = open_dataset(url)
+    assert check_shards_present(dataset).startswith("data: 8 train + 2 valid shards present, ")
+    gone = dataset.shards("train")[5].path
+    moto_server.client().delete_object(Bucket="listed", Key=gone.removeprefix("s3://listed/"))
+    said, took = refusal(lambda: check_shards_present(open_dataset(url)), capsys)
+    assert said.startswith(f"data: of the 10 shards {url}/manifest.json lists, 1 missing ({gone}): copy the dataset")
+    assert took < 5.0
+
+
+def test_a_shard_that_vanishes_mid_run_stops_the_rank_in_one_line_naming_it(
+    tiny_dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A shard removed after the start check, while a DataLoader worker streams: the rank stops when the worker
+    reaches it, with one line naming the shard (not the worker's traceback re-raised inside another error), before
+    any of its samples; the samples before it were trained on."""
+    data = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset_dir, data)
+    shards = open_dataset(data).shards("train")
+    victim = SlotStream(tuple(shards), 0, 1, 0, 32).epoch_plan(0)[0][2]  # the third read: not read ahead yet
+    victim_keys = {s["__key__"] for s in ShardReader().samples([victim])}
+    batches, used = loader(data, workers=1), set()
+    used.update(next(batches)["keys"])
+    Path(victim.path).unlink()
+
+    def drain() -> None:
+        for _ in range(1000):
+            used.update(next(batches)["keys"])
+
+    said, took = refusal(drain, capsys)
+    assert said == (
+        f"[Errno 2] data: shard {victim.path} is gone (the manifest lists it, {victim.samples} samples): restore it, "
+        "e.g. copy the dataset again, and relaunch to resume from the last checkpoint"
+    )
+    assert len(used) > 2 * 128 - 64 and not used & victim_keys  # two shards' samples (less the shuffle buffer's)
+    assert took < 10.0
+    record_fault(
+        "shard-gone-mid-run",
+        fault="a shard removed while the run streams it (a DataLoader worker reads it)",
+        injected=1,
+        kinds={"removed": 1},
+        outcome=f"the rank stopped when its worker reached the shard, {took:.2f} s after, with one line naming it "
+        "(no DataLoader traceback), none of its samples used; exit status 2",
+        data_lost=0,
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
+    )

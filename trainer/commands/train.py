@@ -39,10 +39,11 @@ from trainer.config import TrainConfig
 from trainer.modeling import build_student, load_teacher, load_teacher_config, training_dtype
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
-from trainer.planning.cluster import checkpoint_bytes
+from trainer.planning.plan import output_bytes
 from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.data import (
     TrainLoader,
+    check_shards_present,
     check_split_feeds_streams,
     check_streams_fit,
     check_tokenizer,
@@ -60,7 +61,7 @@ from trainer.runtime.peers import PeerWatch
 from trainer.runtime.profiling import step_profiler
 from trainer.tracking.checkpoints import start_registrar
 from trainer.tracking.registry import register_or_explain
-from trainer.tracking.tracker import check_access_on_rank0, start_tracker
+from trainer.tracking.tracker import check_access_on_rank0, checked_on_rank0, start_tracker
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     ds_config = deepspeed_config(
         cfg, world.world_size, load_universal=resume_point is not None and resume_point.universal
     )
-    validate_against_teacher(cfg, None if cfg.teacher is None else load_teacher_config(cfg.teacher))
+    teacher_config = None if cfg.teacher is None else load_teacher_config(cfg.teacher)
+    validate_against_teacher(cfg, teacher_config)
     check_access_on_rank0(cfg.mlflow, world.is_main, world.world_size)  # wrong credentials: before any weight
     dataset = open_dataset(cfg.data)
     tokenizer_source, tokenizer_key = cfg.tokenizer_source()
@@ -101,8 +103,17 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
         streams = fresh_streams(cfg.loader, world.world_size)
         check_streams_fit(streams, world.world_size)
         check_split_feeds_streams(dataset.shards("train"), streams)
+    # Every shard there with its size, and room for the checkpoints and the export: a missing shard or a full
+    # disk found in seconds on rank 0 (a listing, the free space), not when a loader or a save reaches it.
+    save_bytes, export_bytes = output_bytes(cfg, teacher_config, ds_config)  # plan's figures
+    checkpoints.save_bytes = save_bytes  # what a full disk's message says a save needs
+
+    def start_check() -> None:  # max_steps 0 saves no checkpoint, only the export
+        room = checkpoints.check_room(save_bytes if cfg.max_steps else 0, export_bytes)
+        log.info("%s; %s", check_shards_present(dataset), room)
+
+    checked_on_rank0(start_check, world.is_main, world.world_size)
     if world.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
         task = f"distilling {cfg.teacher}" if cfg.teacher is not None else f"pretraining {cfg.student.model}"
         log.info(
             "%s on %d rank(s): global batch %d = micro %d x accumulation %d x world %d",
@@ -124,7 +135,6 @@ def train(cfg: TrainConfig, config_path: str | None = None) -> Path:
     if teacher is not None:
         teacher.to(device=world.device, dtype=training_dtype(cfg.deepspeed.precision))
     distiller = Distiller(student, teacher, cfg.objective)
-    checkpoints.save_bytes = checkpoint_bytes(distiller, ds_config)  # what a full disk's message says a save needs
     if cfg.compile:
         distiller.compile_models()  # in place: checkpoints and export see the same modules
     engine = build_engine(distiller, cfg, ds_config, world.device)

@@ -54,7 +54,7 @@ from trainer.objective.distiller import (
 )
 from trainer.objective.layer_distillation import layer_term_weights
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
-from trainer.planning.cluster import Cluster, Sizing, cluster_plan
+from trainer.planning.cluster import Cluster, Sizing, checkpoint_bytes, cluster_plan
 from trainer.runtime.data import read_manifest
 from trainer.runtime.engine import deepspeed_config
 
@@ -243,6 +243,17 @@ def meta_distiller(
         freeze_all_but_head(student)
     with torch.device("meta"):
         return Distiller(student, teacher, cfg.objective).to(dtype), teacher
+
+
+def output_bytes(cfg: TrainConfig, teacher_config: PretrainedConfig | None, ds: dict[str, Any]) -> tuple[int, int]:
+    """(one checkpoint, the exported student): the bytes a run writes into ``output_dir``, from its models on the
+    meta device, so that the start of a run can check for room before any weight is loaded. The checkpoint is
+    :func:`~trainer.planning.cluster.checkpoint_bytes` (``plan``'s; within 2 % of a real save); the export is
+    the student's float32 weights (``trainer export`` writes the consolidated fp32 master weights)."""
+    distiller, _ = meta_distiller(
+        cfg, teacher_config, student_config(cfg.student, base_config(cfg.student, teacher_config))
+    )
+    return checkpoint_bytes(distiller, ds), 4 * sum(p.numel() for p in distiller.student.parameters())
 
 
 class LiveBytes(TorchDispatchMode):

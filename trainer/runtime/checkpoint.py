@@ -26,6 +26,7 @@ import contextlib
 import logging
 import re
 import shutil
+import tempfile
 import time
 from argparse import Namespace
 from dataclasses import dataclass
@@ -35,7 +36,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.atomic import atomic_directory, explaining_full_disk, write_text_atomically
+from common.atomic import (
+    atomic_directory,
+    explaining_full_disk,
+    free_bytes,
+    size_text,
+    write_text_atomically,
+)
+from common.config import ConfigError
 from trainer.runtime.rendezvous import logged_while_waiting
 
 log = logging.getLogger(__name__)
@@ -233,10 +241,13 @@ class Checkpointer:
         first, so that ``latest`` never names a checkpoint that cannot be exported.
         """
         tag = tag_for(step)
-        # A full disk fails the run in one line naming the bytes; `latest` still names the last complete save.
+        # A full disk, a refused write or a directory removed meanwhile fails the run in one line (naming the bytes
+        # for a full disk); every rank that meets it removes the partial step directory, so that the disk is as it
+        # was before the attempt, and `latest` still names the last complete save.
         previous = latest_tag(self.root)
-        then = f"`latest` still names {previous}: free space and relaunch" if previous else "nothing was saved yet"
-        with explaining_full_disk(f"checkpoint {tag} ({then})", self.root, self.save_bytes):
+        then = f"`latest` still names {previous}: relaunch to resume from it" if previous else "nothing was saved yet"
+        partial = self.root / tag if previous != tag else None
+        with explaining_full_disk(f"checkpoint {tag}", self.root, self.save_bytes, then, partial):
             if self.is_main:
                 if (self.root / tag).is_dir() and previous != tag:  # what a killed save left
                     shutil.rmtree(self.root / tag)
@@ -254,6 +265,39 @@ class Checkpointer:
             prune(self.root, self.keep_last, step)
         dist.barrier()
         return self.root / tag
+
+    def check_room(self, checkpoint_bytes: int, export_bytes: int) -> str:
+        """The start of a run, on rank 0, before any weight is loaded: the output directory can be written, and its
+        filesystem has room for ``checkpoint.keep_last`` + 1 checkpoints of ``checkpoint_bytes`` (plan's size; the
+        kept ones and the one being saved, before the oldest is pruned), less what checkpoints already there hold,
+        plus the export of ``export_bytes``. A ConfigError naming the key or path and the fix otherwise, instead
+        of a full disk hours in; else its one line."""
+        output_dir = self.root.parent
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=output_dir, prefix=".write-check."):
+                pass
+        except OSError as err:
+            raise ConfigError(
+                f"output_dir: cannot write into {output_dir}: {(err.strerror or str(err)).lower()}; make it writable "
+                "by this user (a read-only mount?) or set output_dir to a directory that is"
+            ) from None
+        free = free_bytes(output_dir)
+        if free is None:
+            return f"output_dir: {output_dir} (free space not checked)"
+        held = sum(f.stat().st_size for tag in checkpoint_dirs(self.root) for f in tag.rglob("*") if f.is_file())
+        needed = max(0, (self.keep_last + 1) * checkpoint_bytes - held) + export_bytes
+        room = (
+            f"needs {size_text(needed)} for keep_last+1 = {self.keep_last + 1} checkpoints of "
+            f"{size_text(checkpoint_bytes)}{f' ({size_text(held)} of them there already)' if held else ''} and "
+            f"the export of {size_text(export_bytes)}"
+        )
+        if free < needed:
+            raise ConfigError(
+                f"output_dir: {output_dir} has {size_text(free)} free, but the run {room}: free space there, lower "
+                "checkpoint.keep_last, or set output_dir to a larger filesystem"
+            )
+        return f"output_dir: {size_text(free)} free, {room}"
 
     def resume_point(self, world_size: int) -> ResumePoint | None:
         """Where this launch of ``world_size`` ranks resumes from, or None for a fresh run."""

@@ -28,6 +28,7 @@ workers split a rank's micro-batches round-robin (micro-batch ``j`` is built by 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import itertools
@@ -45,6 +46,7 @@ import torch
 import torch.distributed as dist
 import webdataset as wds
 
+from common.atomic import size_text
 from common.config import ConfigError
 from trainer.runtime import storage
 
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 
 SAMPLE_FIELD = "input_ids.npy"
 SAMPLE_TRACE_ENV = "ENCODER_DISTILL_SAMPLE_TRACE"
+FAULT = "__fault__"  # a TrainStream item carrying the error that ended it
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Shard:
     path: str  # a local path or an object store URL (runtime.storage)
     samples: int
     sha256: str | None = None  # from the manifest: what the shard's bytes must hash to
+    bytes: int | None = None  # from the manifest, where it says (the start of a run checks it: check_shards_present)
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ class Dataset:
         """The split's non-empty shards, as absolute paths or URLs."""
         entries = self.manifest["splits"][split]["shards"]
         return [
-            Shard(storage.join(self.root, e["path"]), int(e["samples"]), e.get("sha256"))
+            Shard(storage.join(self.root, e["path"]), int(e["samples"]), e.get("sha256"), e.get("bytes"))
             for e in entries
             if int(e["samples"]) > 0
         ]
@@ -120,6 +124,44 @@ def open_dataset(path: str | Path) -> Dataset:
     if not dataset.shards("train"):
         raise ConfigError(f"data: {manifest_path} lists no non-empty train shard")
     return dataset
+
+
+def check_shards_present(dataset: Dataset, splits: tuple[str, ...] = ("train", "valid")) -> str:
+    """The start of a run: every shard the manifest lists for ``splits`` exists, with the size the manifest gives
+    it (where the manifest records sizes), found by a listing (``storage.sizes``), not a read: seconds for
+    thousands of shards, where a shard missing would otherwise stop the run only when a loader reaches it, hours
+    in (or never, in a short run). A ConfigError naming the shards and the fix otherwise; else its one line.
+    A truncated or altered shard of the same size is the sha256 check's to find, when it is read."""
+    shards = {split: dataset.shards(split) for split in splits}
+    listed = [shard for split in splits for shard in shards[split]]
+    try:
+        found = storage.sizes([shard.path for shard in listed])
+    except OSError as err:  # a store that refused the listing and the stat (credentials) or stayed away
+        raise ConfigError(f"data: cannot list the shards of {dataset.root}: {err}") from None
+    missing = [shard.path for shard in listed if found[shard.path] is None]
+    resized = [
+        f"{shard.path} has {found[shard.path]:,} bytes, the manifest says {shard.bytes:,}"
+        for shard in listed
+        if found[shard.path] is not None and shard.bytes is not None and found[shard.path] != shard.bytes
+    ]
+    if missing or resized:
+        problems = (
+            [f"{len(missing)} missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"]
+            if missing
+            else []
+        )
+        problems += resized[:3] + ([f"{len(resized) - 3} more of another size"] if len(resized) > 3 else [])
+        raise ConfigError(
+            f"data: of the {len(listed)} shards {storage.join(dataset.root, 'manifest.json')} lists, "
+            + "; ".join(problems)
+            + ": copy the dataset again from where it was made, or re-run the preprocessing into a new directory"
+        )
+    counts = " + ".join(f"{len(shards[split])} {split}" for split in splits)
+    sized = [shard for shard in listed if shard.bytes is not None]
+    if len(sized) == len(listed):
+        return f"data: {counts} shards present, {size_text(sum(s.bytes for s in sized))} as the manifest says"
+    total = sum(found[shard.path] or 0 for shard in listed)
+    return f"data: {counts} shards present, {size_text(total)} (the manifest records no sizes to compare with)"
 
 
 def load_token_counts(dataset_dir: str | Path) -> np.ndarray:
@@ -207,7 +249,7 @@ class ShardReader:
         if cached is not None:
             return cached
         for attempt in (1, 2) if remote else (1,):
-            data = storage.read_bytes(shard.path, attempts=self.attempts, retry_max_s=self.retry_max_s)
+            data = self.read_bytes(shard)
             digest = hashlib.sha256(data).hexdigest()
             if shard.sha256 is None or digest == shard.sha256:
                 break
@@ -228,6 +270,24 @@ class ShardReader:
         if remote:
             self.to_cache(shard, data)
         return data
+
+    def read_bytes(self, shard: Shard) -> bytes:
+        """The shard's bytes as they are; a shard removed or made unreadable after the start of the run fails in one
+        line naming it (common.cli.run_cli prints a FileNotFoundError or PermissionError as that line)."""
+        try:
+            return storage.read_bytes(shard.path, attempts=self.attempts, retry_max_s=self.retry_max_s)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"data: shard {shard.path} is gone (the manifest lists it, {shard.samples} samples): restore it, "
+                "e.g. copy the dataset again, and relaunch to resume from the last checkpoint",
+            ) from None
+        except PermissionError as err:
+            raise PermissionError(
+                err.errno,
+                f"data: shard {shard.path} cannot be read: {(err.strerror or 'permission denied').lower()}: make it "
+                "readable by this user and relaunch to resume from the last checkpoint",
+            ) from None
 
     def samples(self, shards: list[Shard]) -> Iterator[dict[str, Any]]:
         """The raw samples of ``shards`` in order; shard i + 1 is read while shard i's samples are consumed."""
@@ -391,6 +451,16 @@ class TrainStream(torch.utils.data.IterableDataset):
         return SlotStream(self.shards, k, self.num_streams, self.seed, self.shuffle_buffer, self.reader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The micro-batches; a shard that cannot be read ends them with ``{FAULT: the error}``, which
+        :class:`TrainLoader` raises in the rank: raised in a DataLoader worker, the error would reach the rank as
+        the worker's whole traceback inside another message ("Caught FileNotFoundError in DataLoader worker
+        process 0 ..."), the shard's name 40 lines down."""
+        try:
+            yield from self.batches()
+        except (OSError, DamagedShard) as err:
+            yield {FAULT: err}
+
+    def batches(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         readers: dict[int, tuple[Iterator[dict[str, Any]], int]] = {}  # stream -> (raw samples, position)
@@ -523,6 +593,8 @@ class TrainLoader:
 
     def __next__(self) -> dict[str, Any]:
         batch = next(self.iterator)
+        if FAULT in batch:  # a shard a worker could not read (TrainStream.__iter__): its own one-line error
+            raise batch[FAULT]
         stream, start = next(self.plan)
         self.positions[stream] = start + self.micro_batch_size  # samples passed, skipped stand-ins included
         if self.trace is not None:

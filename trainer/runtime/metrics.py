@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from common.atomic import write_text_atomically
+from common.atomic import explaining_full_disk, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,12 @@ class MetricsLog:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.is_main or not metrics:
             return
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        line = json.dumps({"step": step, **metrics}) + "\n"
+        # A full disk, a refused write or a removed output directory: one line naming the file (a torn last line
+        # is cut on resume: truncate_after).
+        what = f"the metrics of step {step} ({self.path.name})"
+        with explaining_full_disk(what, self.path.parent, len(line)), self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix_str(format_metrics(metrics), refresh=False)

@@ -33,6 +33,7 @@ version with the same run and step before registering, so none is registered twi
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.atomic import FULL, explaining_full_disk
 from trainer.tracking.config import MlflowConfig
 
 if TYPE_CHECKING:
@@ -72,23 +74,28 @@ def pending_snapshots(queue: Path) -> list[Path]:
 def snapshot(checkpoint: Path, queue: Path, request: dict[str, Any]) -> Path:
     """``queue/<checkpoint's name>``: ``checkpoint``'s files hard-linked (copied where the filesystem has no
     hard links) and ``request`` as ``registration.json``; complete or absent. A snapshot of the same
-    checkpoint already queued is kept as it is."""
+    checkpoint already queued is kept as it is. A full disk, a refused write or a queue removed meanwhile fails
+    in one line naming the snapshot (common.atomic), and leaves no partial one."""
     dest = queue / checkpoint.name
     if dest.is_dir():
         return dest
     tmp = queue / f".{checkpoint.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # what a killed snapshot left
-    queue.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(checkpoint, tmp, copy_function=link_or_copy)
-    (tmp / REQUEST).write_text(json.dumps(request, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, dest)
+    then = f"{checkpoint.name} itself is saved: relaunch to resume from it and register it"
+    with explaining_full_disk(f"the registration snapshot of {checkpoint.name}", queue, None, then, partial=tmp):
+        queue.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(checkpoint, tmp, copy_function=link_or_copy)
+        (tmp / REQUEST).write_text(json.dumps(request, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, dest)
     return dest
 
 
 def link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
-    except OSError:  # a filesystem without hard links: the bytes are copied, in the loop (say so once)
+    except OSError as err:  # a filesystem without hard links: the bytes are copied, in the loop (say so once)
+        if err.errno in (*FULL, errno.EROFS):  # no room or no write at all: a copy cannot help
+            raise
         if not getattr(link_or_copy, "warned", False):
             log.warning("registering checkpoints: no hard links on this filesystem; snapshots are copies")
             link_or_copy.warned = True  # type: ignore[attr-defined]

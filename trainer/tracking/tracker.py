@@ -250,13 +250,18 @@ def broadcast_from_rank0(value: str | None, world_size: int) -> str | None:
 
 def check_access_on_rank0(cfg: MlflowConfig, is_main: bool, world_size: int) -> None:
     """Wrong MLflow credentials stop every rank here, before any weight is loaded, in one line: rank 0 asks the
-    server (:func:`~trainer.tracking.config.check_access`: one request per run, not one per rank) and tells the
-    others. Rank 0 raises the ConfigError (its one line); the others exit with the same status, 2, without
-    repeating it. Left to go on alone, they would die in their next collective, in a transport's stack trace."""
+    server (:func:`~trainer.tracking.config.check_access`: one request per run, not one per rank)."""
+    checked_on_rank0(lambda: check_access(cfg), is_main, world_size)
+
+
+def checked_on_rank0(check: Callable[[], None], is_main: bool, world_size: int) -> None:
+    """``check()`` on rank 0 alone, and every rank stops if it raises a ConfigError: rank 0 raises it (its one
+    line); the others exit with the same status, 2, without repeating it. Left to go on alone, they would die
+    in their next collective, in a transport's stack trace."""
     refused: ConfigError | None = None
     if is_main:
         try:
-            check_access(cfg)
+            check()
         except ConfigError as err:
             refused = err
     if broadcast_from_rank0(None if refused is None else str(refused), world_size) is None:
