@@ -112,7 +112,9 @@ esac
 VARIANTS=(a b c d e f)  # the BERT teacher's students, every scale
 source "$CONF/variants.sh"  # each variant's overrides: variant NAME TEACHER LAYERS
 if [ -n "${ABLATION_PROTOCOL:-}" ]; then  # a study fixed before it runs: its family, variants, seeds and suite
-    eval "$("$PYTHON" benchmarks/quality/protocol.py "$ABLATION_PROTOCOL" --shell)" || exit 2
+    settings=$("$PYTHON" benchmarks/quality/protocol.py "$ABLATION_PROTOCOL" --shell) || exit 2
+    eval "$settings"
+    [ "$PROTOCOL_SCALE" = "$SCALE" ] || { echo "ablation.sh: $ABLATION_PROTOCOL is for scale $PROTOCOL_SCALE, not $SCALE" >&2; exit 2; }
     SUITE=("${PROTOCOL_SUITE[@]}")
 fi
 read -ra SEEDS <<<"${ABLATION_SEEDS:-}"  # distillation seeds: each trained variant once per seed (default: the config's)

@@ -77,6 +77,7 @@ def shell(protocol: dict[str, Any]) -> str:
     suite = [f"{key}={json.dumps(value, separators=(',', ':'))}" for key, value in protocol["suite"].items()]
     return "\n".join(
         [
+            f"PROTOCOL_SCALE={shlex.quote(protocol['scale'])}",
             f"ABLATION_FAMILIES={shlex.quote(protocol['family'])}",
             f"ABLATION_VARIANTS={shlex.quote(' '.join(protocol['variants']))}",
             f"ABLATION_SEEDS={shlex.quote(' '.join(map(str, protocol['distillation_seeds'])))}",

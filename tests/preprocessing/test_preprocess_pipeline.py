@@ -118,6 +118,7 @@ def test_manifest_counts_equal_the_tars(tiny_dataset_dir):
         for entry in info["shards"]:
             path = tiny_dataset_dir / entry["path"]
             assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+            assert path.stat().st_size == entry["bytes"]  # what the trainer's start check compares, reading nothing
             names = subprocess.run(["tar", "tf", str(path)], check=True, capture_output=True, text=True).stdout.split()
             assert len(names) == entry["samples"] and all(n.endswith(".input_ids.npy") for n in names)
             rows = [sample["input_ids.npy"] for sample in wds.WebDataset([str(path)], shardshuffle=False).decode()]
