@@ -93,6 +93,9 @@ def decide(
     together by Holm's procedure (``confirmatory``), then ``exploratory`` ones, each decided alone at the
     protocol's level and labelled so. Each: the pair, the replicate counts, the difference of skill, its 95 %
     interval (not adjusted), the bootstrap p-value, the Holm-adjusted verdict where it applies."""
+    differs = [key for key, value in protocol["suite"].items() if suite["config"].get(key) != value]
+    if differs:  # a suite run with other settings than the protocol fixed answers another question
+        raise SystemExit(f"the suite did not run as the protocol says: {', '.join(differs)} differ")
     cfg = SuiteConfig(**{k: v for k, v in suite["config"].items() if k != "mlflow"})
     tasks = load_tasks(cfg)
     family = protocol["family"]

@@ -104,3 +104,4 @@ def test_holm_rejects_step_down_and_stops_at_the_first_it_cannot():
     assert stats.holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]  # 0.001, 0.02 <= 0.025, 0.04 <= 0.05
     assert stats.holm([0.2], 0.05) == [False] and stats.holm([], 0.05) == []
     assert stats.p_value(np.array([0.1, 0.2, -0.1, 0.3])) == 0.5 and stats.p_value(np.ones(10)) == 0.0
+    assert stats.p_value(np.array([0.0, 0.0, 0.1, 0.2])) == 0.5  # ties at zero: half to each side

@@ -106,9 +106,10 @@ def bootstrap_skills(
 
 
 def p_value(samples: np.ndarray) -> float:
-    """The bootstrap's two-sided p-value for "no difference": twice the share of resamples on the far side of
-    zero from the median, at most 1."""
-    return float(min(1.0, 2 * min((samples <= 0).mean(), (samples >= 0).mean())))
+    """The bootstrap's two-sided p-value for "no difference": twice the share of resamples on the smaller side
+    of zero, at most 1. A resample at exactly zero (common on a few test examples) counts half to each side."""
+    ties = (samples == 0).mean() / 2
+    return float(min(1.0, 2 * min((samples < 0).mean() + ties, (samples > 0).mean() + ties)))
 
 
 def holm(p_values: list[float], level: float = 0.05) -> list[bool]:
