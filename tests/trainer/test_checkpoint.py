@@ -240,6 +240,8 @@ print(json.dumps({"refused": refused, "full": full, "latest": checkpoints.latest
 """
 
 
+# Three saves of a real engine in one process (killed, refused, out of room): about 11 s on 2 idle cores.
+@pytest.mark.fast_budget(30)
 def test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_out_of_room(tmp_path: Path) -> None:
     """A save into the step directory a killed save left keeps none of its files: rank 1's partition from the
     killed save would make the checkpoint look saved by two ranks, and a resume on one rank would convert it to
