@@ -6,6 +6,8 @@ visible under its final name, and its permissions must not depend on how it was 
 
 A write that runs out of room (:func:`explaining_full_disk`) fails with :class:`OutOfSpace`, one message that
 names what was being written, where, the bytes it needed and those free, instead of a library's traceback.
+:func:`explain_fault` does the same for the other I/O faults a user fixes rather than the code: a file that
+vanished, a permission refused (a read-only filesystem included).
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
+GONE = (errno.ENOENT, errno.ESTALE)  # a file or directory that is not there (ESTALE: deleted under an NFS client)
+REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission, or a filesystem (re)mounted read-only
 
 
-class OutOfSpace(OSError):
+class IOFault(OSError):
+    """An I/O failure the user fixes, not the code: a full disk, a file that vanished, a permission refused. Its
+    message is one line naming what and where (and, for a full disk, the bytes); the command lines print it as
+    ``error: ...`` (:func:`common.cli.run_cli`)."""
+
+
+class OutOfSpace(IOFault):
     """A write that ran out of room on its filesystem (see :func:`explaining_full_disk`)."""
 
 
@@ -45,6 +55,18 @@ def is_full_disk(err: BaseException, where: str | Path, needed: int | None) -> b
     return free is not None and free < max(needed or 0, 2**20)
 
 
+def out_of_space(err: BaseException, what: str, where: str | Path, needed: int | None) -> OutOfSpace:
+    """The one line for a write of ``what`` into ``where`` that found no room: the bytes it needed, those free."""
+    free = free_bytes(where)
+    cause = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else "a write failed"
+    return OutOfSpace(
+        errno.ENOSPC,
+        f"writing {what} into {where}: {cause.lower()}; it needs about "
+        + (f"{needed:,} bytes" if needed is not None else "more room")
+        + ("" if free is None else f", {free:,} bytes are free there"),
+    )
+
+
 @contextmanager
 def explaining_full_disk(what: str, where: str | Path, needed: int | None) -> Iterator[None]:
     """Within the block, a write that runs out of room raises :class:`OutOfSpace`: ``what`` (e.g. "checkpoint
@@ -54,14 +76,43 @@ def explaining_full_disk(what: str, where: str | Path, needed: int | None) -> It
     except Exception as err:  # writers wrap the errno their own way (torch's RuntimeError, safetensors' error)
         if not is_full_disk(err, where, needed):
             raise
-        free = free_bytes(where)
-        cause = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else "a write failed"
-        raise OutOfSpace(
-            errno.ENOSPC,
-            f"writing {what} into {where}: {cause.lower()}; it needs about "
-            + (f"{needed:,} bytes" if needed is not None else "more room")
-            + ("" if free is None else f", {free:,} bytes are free there"),
-        ) from err
+        raise out_of_space(err, what, where, needed) from err
+
+
+def os_error_of(err: BaseException) -> OSError | None:
+    """The OSError with an errno behind ``err``: itself, one a library error carries per path (Beam's BeamIOError,
+    an OSError without an errno, keeps them in ``exception_details``), or one it was raised from."""
+    pending: list[BaseException | None] = [err]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return current
+        details = getattr(current, "exception_details", None)
+        pending += [*(details.values() if isinstance(details, dict) else ()), current.__cause__, current.__context__]
+    return None
+
+
+def explain_fault(err: BaseException, what: str, where: str | Path, needed: int | None) -> IOFault | None:
+    """``err`` as one line when it is an I/O fault the user fixes, else None (a bug: let it show).
+
+    A full disk (:data:`FULL`) is :func:`out_of_space`'s line for a write of ``what`` into ``where``; a file that
+    is not there (:data:`GONE`) or a permission refused (:data:`REFUSED`) names the path the system call named,
+    else ``what``. An :class:`IOFault` already made is returned as it is."""
+    if isinstance(err, IOFault):
+        return err
+    cause = os_error_of(err)
+    if cause is None:
+        return None
+    path = str(cause.filename) if cause.filename is not None else what
+    if cause.errno in FULL:
+        return out_of_space(cause, path, os.path.dirname(path) if path != what else where, needed)
+    if cause.errno in GONE + REFUSED:
+        return IOFault(cause.errno, f"{path}: {os.strerror(cause.errno).lower()}")
+    return None
 
 
 @contextmanager
