@@ -4,9 +4,10 @@ injected and what happened, gathered into one result file and rendered as the ta
     python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/faults.md]
     python benchmarks/reliability.py --from-result --docs docs/faults.md   # render the committed file
 
-The tests (``FAULT_TESTS``) are the suite's own, in its full tier: they start the real launcher on CPU ranks
-and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test
-that fails fails this script. Each writes its record through ``tests/helpers.record_fault``.
+The tests (``FAULT_TESTS``) are the suite's own: they start the real launcher on CPU ranks, or the real
+preprocessing command, and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor
+prints, the one line of a failed preprocessing run and what it left, ...); a test that fails fails this script.
+Each writes its record through ``tests/helpers.record_fault``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ FAULT_TESTS = [
     "tests/trainer/test_launcher.py::test_a_full_disk_fails_the_save_in_one_line_keeps_latest_and_the_relaunch_resumes",
     "tests/trainer/test_storage.py::test_with_damaged_shards_skip_its_samples_are_counted_never_used_and_the_positions_stay_exact",
     "tests/tracking/test_registry_auth.py",
+    "tests/preprocessing/test_preprocess_faults.py",
 ]
 RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV
 
@@ -57,7 +59,7 @@ def table(result: dict) -> str:
     rows += [
         "",
         made_by(result, f"{result['machine']['cpus']} CPUs")
-        + f"; each row is a test in the suite's full tier: {', '.join(sorted(result['tests']))}.",
+        + f"; each row is a test of the suite: {', '.join(sorted(result['tests']))}.",
     ]
     return "\n".join(rows)
 

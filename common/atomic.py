@@ -61,8 +61,8 @@ def out_of_space(err: BaseException, what: str, where: str | Path, needed: int |
     cause = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else "a write failed"
     return OutOfSpace(
         errno.ENOSPC,
-        f"writing {what} into {where}: {cause.lower()}; it needs about "
-        + (f"{needed:,} bytes" if needed is not None else "more room")
+        f"writing {what} into {where}: {cause.lower()}; it needs "
+        + (f"about {needed:,} bytes" if needed is not None else "more room")
         + ("" if free is None else f", {free:,} bytes are free there"),
     )
 

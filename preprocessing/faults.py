@@ -71,9 +71,12 @@ def fault_of(err: BaseException) -> IOFault | None:
     return None
 
 
-def what_to_do(fault: IOFault, needed: int | None, free: int | None) -> str:
-    """The sentence after a fault's line: its likely cause and the fix; for a full disk, the whole run's room
-    (``needed``: preflight's estimate; ``free``: what is free once the run's files are removed)."""
+def what_to_do(fault: IOFault, output: str, needed: int | None, free: int | None) -> str:
+    """The sentence after a fault's line: its likely cause and the fix; for a full disk under ``output``, the whole
+    run's room (``needed``: preflight's estimate; ``free``: what is free once the run's files are removed)."""
+    text = str(fault.strerror)
+    if fault.errno in FULL and f"into {output}/" not in text and f"into {output}:" not in text:  # a local temp copy
+        return "Free room there (TMPDIR names another directory), and run again"
     if fault.errno in FULL:
         room = [f"the whole run needs about {needed:,} bytes there"] if needed is not None else []
         room += [f"{free:,} are free now"] if free is not None else []

@@ -532,10 +532,12 @@ def run(cfg: PreprocessConfig, verbose: bool = False) -> dict[str, Any]:
             clear_previous(plan.output)
             write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
         log.info(
-            "preprocessing %d file(s), %.1f MB on disk (compressed size for compressed files), into %s with %s",
+            "preprocessing %d file(s), %.1f MB on disk (compressed size for compressed files), into %s "
+            "(about %.1f MB there at the peak, estimated) with %s",
             len(plan.files),
             plan.input_bytes / 1e6,
             plan.output,
+            plan.room / 1e6,
             cfg.beam_options(),
         )
         started = time.monotonic()
@@ -548,7 +550,7 @@ def run(cfg: PreprocessConfig, verbose: bool = False) -> dict[str, Any]:
         fault = fault_of(err)
         if verbose or fault is None or not isinstance(err, Exception):
             raise
-        advice = what_to_do(fault, plan.room, free_bytes(plan.output))
+        advice = what_to_do(fault, plan.output, plan.room, free_bytes(plan.output))
         raise type(fault)(fault.errno, f"{fault.strerror}. {advice}. {removed}.") from None
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)

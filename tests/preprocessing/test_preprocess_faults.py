@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SAMPLE_CORPUS, preprocess_command, record_fault, small_tmpfs
+from helpers import (
+    REPO,
+    SAMPLE_CORPUS,
+    TINY_DATASET_SETTINGS,
+    preprocess,
+    preprocess_command,
+    record_fault,
+    small_tmpfs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -153,6 +161,32 @@ def test_too_little_room_is_refused_before_any_work(
         recovery_s=None,
         steps_redone=None,
     )
+
+
+def test_the_room_estimate_covers_a_real_runs_peak_and_not_much_more(tmp_path: Path, bert_tokenizer_dir: Path) -> None:
+    """The estimate preflight checks (logged when the run starts) against the most a real run held on its output's
+    filesystem (sampled every millisecond: the peak is a plateau, from the last shard to finalize): the sample
+    corpus, compressed (.jsonl.gz: the gzip factor), with the tiny dataset's settings. Enough, so that a run it
+    lets start does not fill the disk, and at most 1.5 times as much, so that it seldom refuses one that fits."""
+    import threading
+
+    with small_tmpfs(tmp_path / "disk", 64) as disk:
+        base, peak, stop = shutil.disk_usage(disk).used, [0], threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], shutil.disk_usage(disk).used - base)
+                time.sleep(0.001)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            done = preprocess(disk / "dataset", bert_tokenizer_dir, SAMPLE_CORPUS, **TINY_DATASET_SETTINGS)
+        finally:
+            stop.set()
+            sampler.join()
+    estimate = float(re.search(r"\(about ([\d.]+) MB there at the peak, estimated\)", done.stderr)[1]) * 1e6
+    assert peak[0] <= estimate <= 1.5 * peak[0], (estimate, peak[0])
 
 
 # The stage whose writes do not fit: the corpus, settings, and a filesystem sized between what the stages before
