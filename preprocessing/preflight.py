@@ -36,9 +36,9 @@ from preprocessing.shards import sample_bytes
 # Buckets are the tokenization work items: enough of them that a small corpus still spreads
 # evenly over the workers. The output does not depend on the count (packing.hash_bucket).
 MIN_BUCKETS = 64
-# Text bytes per byte on disk, for the room a run needs (room_needed): gzip and zstd at their default levels
-# shrink prose and documentation 3.4-3.9x (the demo's and the tests' .jsonl.gz), bz2 a little more; Parquet's
-# own page compression (snappy, zstd) about 2x. Plain .txt/.jsonl and Arrow files count as their size.
+# Text bytes per byte on disk, for the room a run needs (room_needed): gzip shrinks prose and documentation 3.4-3.9x
+# (the demo's and the tests' .jsonl.gz), zstd at its default level about as much, bz2 a little more; Parquet's own
+# page compression (snappy, zstd) about 2x. Plain .txt/.jsonl and Arrow files count as their size.
 EXPANSION = {"gz": 3.5, "zst": 3.5, "bz2": 4.0, "parquet": 2.0}
 # Tokens per byte of text: WordPiece and BPE on English (0.29 and 0.31 measured on the same two corpora).
 TOKENS_PER_TEXT_BYTE = 0.3

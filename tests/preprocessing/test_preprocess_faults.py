@@ -253,10 +253,10 @@ def remove_first(pattern: str, out: Path) -> Callable[[], None]:
 
 VANISHED_CASES = {  # stage: what is removed, the settings that leave the stage time to go on meanwhile, the cause
     "read": (None, {}, "An input the run listed at its start is gone: restore it, and run again"),
-    # small spills: 28 of them, the first long before the input is read
-    "tokenize": (".work/spill/*.bin", {"spill_bytes": 16384, "beam": IN_MEMORY}, WRITTEN_AND_REMOVED),
-    # small shards: 260 of them, the first long before the last
-    "finalize": ("train/shard-*.tar", {"samples_per_shard": 8}, WRITTEN_AND_REMOVED),
+    # small spills: 55 of them, the first long before the input is read
+    "tokenize": (".work/spill/*.bin", {"spill_bytes": 8192, "beam": IN_MEMORY}, WRITTEN_AND_REMOVED),
+    # small shards: 520 of them, the first long before the last
+    "finalize": ("train/shard-*.tar", {"samples_per_shard": 4}, WRITTEN_AND_REMOVED),
 }
 
 
