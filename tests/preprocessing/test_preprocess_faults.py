@@ -102,9 +102,9 @@ def wait_for(pattern: str, root: Path, deadline_s: float = 60) -> Path:
         time.sleep(0.002)
 
 
-def written(root: Path) -> list[str]:
-    """Every file under ``root``, relative."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (its path relative to it) and its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +126,6 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         paths[name] = root / f"{name}.jsonl"
         paths[name].write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     return paths
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize("before", ["nothing", "a complete dataset"])
@@ -195,7 +191,8 @@ def test_the_room_estimate_covers_a_real_runs_peak_and_not_much_more(tmp_path: P
         sampler = threading.Thread(target=sample)
         sampler.start()
         try:
-            done = preprocess(disk / "dataset", bert_tokenizer_dir, SAMPLE_CORPUS, **TINY_DATASET_SETTINGS)
+            settings = {**TINY_DATASET_SETTINGS, "beam": IN_MEMORY}
+            done = preprocess(disk / "dataset", bert_tokenizer_dir, SAMPLE_CORPUS, **settings)
         finally:
             stop.set()
             sampler.join()
@@ -208,7 +205,7 @@ def test_the_room_estimate_covers_a_real_runs_peak_and_not_much_more(tmp_path: P
 FULL_DISK_CASES = {  # stage: corpus, settings, MB
     "spill": ("small", {}, 0.75),  # 0.3 MB left for 0.45 MB of spills
     "tokenize": ("bangs", {"beam": IN_MEMORY}, 1.5),  # 0.5 MB of spills fit, 1 MB of streams do not
-    "write": ("docs", {"max_seq_len": 8}, 2),  # 1.2 MB of spills, streams, markers fit; 10 MB of shards do not
+    "write": ("docs", {"max_seq_len": 8, "beam": IN_MEMORY}, 2),  # 1.2 MB fit before the shards, their 10 MB not
     "finalize": ("one", {"beam": IN_MEMORY}, None),  # sized from the tokenizer: all but token_counts.npy fits
 }
 
@@ -233,7 +230,7 @@ def test_a_disk_that_fills_up_in_any_stage_is_one_line_and_the_run_leaves_nothin
         assert found["path"].startswith(str(out) + "/"), found["path"]
         assert number(found["free"]) < number(found["needed"])
         assert number(found["free_now"]) == shutil.disk_usage(disk).free < number(found["room"])
-        assert written(disk) == [] and not out.exists()
+        assert tree(disk) == {} and not out.exists()
         assert outcome.seconds < 60, outcome.seconds
     record_fault(
         f"preprocess-full-{stage}",
@@ -335,7 +332,7 @@ def test_an_output_remounted_read_only_is_one_line_and_says_what_is_left(
             r"this output= removes them\."
         )
         assert outcome.code == 2 and re.fullmatch(said, outcome.line), outcome.line
-        assert written(disk) == ["dataset/.work/tokenizer.json"]
+        assert list(tree(disk)) == ["dataset/.work/tokenizer.json"]
         assert outcome.seconds < 30, outcome.seconds
     record_fault(
         "preprocess-readonly-spill",
