@@ -102,6 +102,13 @@ def wait_for(pattern: str, root: Path, deadline_s: float = 60) -> Path:
         time.sleep(0.002)
 
 
+def in_tier(stage: str, full: tuple[str, ...]) -> object:
+    """A case of a parametrized test, in the full tier when ``stage`` is in ``full``: the fast tier keeps one case
+    per kind of fault and the read, spill and write stages, which is enough to see the mechanism break; the full
+    tier adds the other stages (each case is a run of the command, 5-10 s)."""
+    return pytest.param(stage, marks=pytest.mark.full) if stage in full else stage
+
+
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (its path relative to it) and its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
@@ -210,7 +217,7 @@ FULL_DISK_CASES = {  # stage: corpus, settings, MB
 }
 
 
-@pytest.mark.parametrize("stage", list(FULL_DISK_CASES))
+@pytest.mark.parametrize("stage", [in_tier(stage, ("tokenize", "finalize")) for stage in FULL_DISK_CASES])
 def test_a_disk_that_fills_up_in_any_stage_is_one_line_and_the_run_leaves_nothing(
     tmp_path: Path, bert_tokenizer_dir: Path, corpora: dict[str, Path], stage: str
 ) -> None:
@@ -272,7 +279,7 @@ VANISHED_CASES = {  # stage: what is removed, the settings that leave the stage 
 }
 
 
-@pytest.mark.parametrize("stage", list(VANISHED_CASES))
+@pytest.mark.parametrize("stage", [in_tier(stage, ("tokenize", "finalize")) for stage in VANISHED_CASES])
 def test_a_file_removed_while_the_run_goes_is_one_line_naming_it_and_the_run_leaves_nothing(
     tmp_path: Path, bert_tokenizer_dir: Path, corpora: dict[str, Path], stage: str
 ) -> None:
