@@ -4,10 +4,11 @@ injected and what happened, gathered into one result file and rendered as the ta
     python benchmarks/reliability.py [--out docs/training/reliability.json] [--docs docs/faults.md]
     python benchmarks/reliability.py --from-result --docs docs/faults.md   # render the committed file
 
-The tests (``FAULT_TESTS``) are the suite's own, most in its full tier: they start the real launcher on CPU ranks
-(or, for a fault a single process meets the same way, the real loader, engine or filesystem in one) and assert the
-outcome (bitwise equality with an uninterrupted run, the line a survivor prints, ...); a test
-that fails fails this script. Each writes its record through ``tests/helpers.record_fault``.
+The tests (``FAULT_TESTS``) are the suite's own: they start the real launcher on CPU ranks or the real
+preprocessing command (or, for a fault one process meets the same way, the real loader, engine or filesystem in
+one) and assert the outcome (bitwise equality with an uninterrupted run, the line a survivor prints, the one line
+of a failed run and what it left, ...); a test that fails fails this script. Each writes its record through
+``tests/helpers.record_fault``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FAULT_TESTS = [
     "tests/trainer/test_checkpoint.py::test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_out_of_room",
     "tests/trainer/test_checkpoint.py::test_the_start_check_refuses_an_output_dir_without_room_or_read_only_in_one_line",
     "tests/tracking/test_registry_auth.py",
+    "tests/preprocessing/test_preprocess_faults.py",
 ]
 RECORDS_ENV = "ENCODER_DISTILL_FAULT_RECORDS"  # tests/helpers.FAULT_RECORDS_ENV
 

@@ -8,6 +8,9 @@ A write that fails for a reason outside the program (:func:`explaining_full_disk
 permission or a read-only filesystem, a path removed while it was written, fails with one message that
 names what was being written, where, and for a full disk the bytes it needed and those free, instead of a
 library's traceback, and what it had written removed, so that the disk is as it was before the attempt.
+:func:`explain_fault` names the same faults where no block wraps the write (a Beam worker's error, found in
+what the runner raised). Each is an :class:`IOFault`, or a PermissionError or FileNotFoundError, which the
+command lines print as ``error: ...`` (:func:`common.cli.run_cli`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
-REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission, or a filesystem mounted read-only
+GONE = (errno.ENOENT, errno.ESTALE)  # a file or directory that is not there (ESTALE: deleted under an NFS client)
+REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission, or a filesystem (re)mounted read-only
 
 
-class OutOfSpace(OSError):
+class IOFault(OSError):
+    """An I/O failure the user fixes, not the code: a full disk, a file that vanished, a permission refused. Its
+    message is one line naming what and where (and, for a full disk, the bytes)."""
+
+
+class OutOfSpace(IOFault):
     """A write that ran out of room on its filesystem (see :func:`explaining_full_disk`)."""
 
 
@@ -98,26 +107,68 @@ def explaining_full_disk(
             raise
         if partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
-        code = err.errno if isinstance(err, OSError) and err.errno else None
-        # A full disk's cause is its own errno; another's (a peer's cleanup removed the path) would mislead.
-        cause = os.strerror(code) if code and (kind != "full" or code in FULL) else "a write failed"
-        said = f"writing {what} into {where}: {cause.lower()}"
         if kind != "full":
+            code = err.errno if isinstance(err, OSError) and err.errno else None
+            said = f"writing {what} into {where}: {(os.strerror(code) if code else 'a write failed').lower()}"
             filename = getattr(err, "filename", None)
             said += f" ({filename})" if filename else ""
-        tail = f"; {then}" if then else ""
-        if kind == "refused":
-            raise PermissionError(code or errno.EACCES, f"{said}: make it writable by this user{tail}") from err
-        if kind == "vanished":
+            tail = f"; {then}" if then else ""
+            if kind == "refused":
+                raise PermissionError(code or errno.EACCES, f"{said}: make it writable by this user{tail}") from err
             raise FileNotFoundError(errno.ENOENT, f"{said}: it was removed while being written{tail}") from err
-        free = free_bytes(where)
-        raise OutOfSpace(
-            errno.ENOSPC,
-            said
-            + (f"; it needs about {needed:,} bytes" if needed is not None else "; it needs more room")
-            + ("" if free is None else f", {free:,} bytes are free there")
-            + tail,
-        ) from err
+        raise out_of_space(err, what, where, needed, then) from err
+
+
+def out_of_space(err: BaseException, what: str, where: str | Path, needed: int | None, then: str = "") -> OutOfSpace:
+    """The one line for a write of ``what`` into ``where`` that found no room: the bytes it needed, those free
+    (counted now: after any partial output was removed), then ``then``."""
+    free = free_bytes(where)
+    code = err.errno if isinstance(err, OSError) else None
+    # A full disk's cause is its own errno; another's (a peer's cleanup removed the path) would mislead.
+    cause = os.strerror(code) if code in FULL else "a write failed"
+    return OutOfSpace(
+        errno.ENOSPC,
+        f"writing {what} into {where}: {cause.lower()}"
+        + (f"; it needs about {needed:,} bytes" if needed is not None else "; it needs more room")
+        + ("" if free is None else f", {free:,} bytes are free there")
+        + (f"; {then}" if then else ""),
+    )
+
+
+def os_error_of(err: BaseException) -> OSError | None:
+    """The OSError with an errno behind ``err``: itself, one a library error carries per path (Beam's BeamIOError,
+    an OSError without an errno, keeps them in ``exception_details``), or one it was raised from."""
+    pending: list[BaseException | None] = [err]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return current
+        details = getattr(current, "exception_details", None)
+        pending += [*(details.values() if isinstance(details, dict) else ()), current.__cause__, current.__context__]
+    return None
+
+
+def explain_fault(err: BaseException, what: str, where: str | Path, needed: int | None) -> IOFault | None:
+    """``err`` as one line when it is an I/O fault the user fixes, else None (a bug: let it show).
+
+    A full disk (:data:`FULL`) is :func:`out_of_space`'s line for a write of ``what`` into ``where``; a file that
+    is not there (:data:`GONE`) or a permission refused (:data:`REFUSED`) names the path the system call named,
+    else ``what``. An :class:`IOFault` already made is returned as it is."""
+    if isinstance(err, IOFault):
+        return err
+    cause = os_error_of(err)
+    if cause is None:
+        return None
+    path = str(cause.filename) if cause.filename is not None else what
+    if cause.errno in FULL:
+        return out_of_space(cause, path, os.path.dirname(path) if path != what else where, needed)
+    if cause.errno in GONE + REFUSED:
+        return IOFault(cause.errno, f"{path}: {os.strerror(cause.errno).lower()}")
+    return None
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from common.atomic import OutOfSpace
+from common.atomic import IOFault
 from common.config import ConfigError
 from common.fast_exit import skip_final_collection
 
@@ -68,7 +68,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         return int(main(sys.argv[1:] if argv is None else argv) or 0)
-    except (ConfigError, FileNotFoundError, PermissionError, OutOfSpace) as err:
+    except (ConfigError, FileNotFoundError, PermissionError, IOFault) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

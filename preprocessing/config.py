@@ -49,6 +49,9 @@ class PreprocessConfig:
     seed: int = 0
     """Salts the document hash, which decides the train/valid split and the document order."""
     overwrite: bool = False
+    check_space: bool = True
+    """Before any work, refuse a run whose output's filesystem lacks the room it needs, as estimated from the
+    input's size (``preflight.room_needed``); false skips the estimate."""
     text_field: str = "text"
     """JSON key / Parquet or Arrow column holding the text."""
     min_doc_chars: int = 16

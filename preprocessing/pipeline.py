@@ -23,6 +23,7 @@ streams, so shards are byte-identical for any worker count and any runner.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import apache_beam as beam
@@ -40,10 +42,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner, create_runner
 
+from common.atomic import free_bytes, os_error_of
 from common.config import ConfigError, to_dict
 from common.fast_exit import skip_final_collection
 from preprocessing.cleaning import clean_text
 from preprocessing.config import DIRECT_RUNNERS, RUNNER_NAMES, PreprocessConfig, runner_path
+from preprocessing.faults import fault_of, stage, what_to_do
 from preprocessing.manifest import (
     MANIFEST,
     SPLITS,
@@ -67,11 +71,11 @@ from preprocessing.packing import (
     plan_shards,
     token_frequencies,
 )
-from preprocessing.preflight import RunPlan, preflight
+from preprocessing.preflight import RunPlan, absolute, preflight
 from preprocessing.progress import FileProgress, Markers, StageWatch
-from preprocessing.quiet import show_progress_on_worker
+from preprocessing.quiet import holding_beam_errors, show_progress_on_worker
 from preprocessing.readers import ReadOptions, read_documents
-from preprocessing.shards import npy_bytes, write_atomic, write_shard
+from preprocessing.shards import npy_bytes, write_atomic, write_file, write_shard
 
 log = logging.getLogger("preprocessing")
 # Every step has one output, whose elements are ``(kind, value)`` pairs; the consumers of one kind
@@ -91,6 +95,7 @@ def work_path(plan: RunPlan, *parts: str) -> str:
 
 
 def read_file(path: str, start: int = 0, stop: int | None = None) -> bytes:
+    """Bytes ``[start, stop)`` of a work file; one that is not there is a FileNotFoundError naming it."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         if start:
             handle.seek(start)
@@ -134,27 +139,31 @@ class ReadAndClean(WorkerDoFn):
         counts: Counter = Counter()
         buckets: dict[int, list[bytes]] = {}
         size = 0
-        on_disk = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-        progress = FileProgress(path, on_disk, counts, self.cfg.progress_seconds, self.markers)
-        for raw in read_documents(path, self.read_options, counts, progress):
-            text, removed = clean_text(raw)
-            if removed:
-                counts["documents.cleaned.control_chars"] += 1
-            if not text:
-                counts["documents.dropped.empty"] += 1
-            elif len(text) < self.cfg.min_doc_chars:
-                counts["documents.dropped.too_short"] += 1
-            else:
-                data = text.encode("utf-8")
-                digest = document_hash(text, self.cfg.seed)
-                record = digest + _LENGTH.pack(len(data)) + data
-                buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
-                size += len(record)
-                if size >= self.cfg.spill_bytes:
-                    yield from self._spill(buckets)
-                    buckets, size = {}, 0
-        yield from self._spill(buckets)
-        progress.done()
+        with stage("read", path):  # the input (vanished, unreadable) and its progress markers; spills: "spill"
+            found = FileSystems.match([path])[0].metadata_list
+            if not found:  # listed by preflight, gone since
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            on_disk = found[0].size_in_bytes
+            progress = FileProgress(path, on_disk, counts, self.cfg.progress_seconds, self.markers)
+            for raw in read_documents(path, self.read_options, counts, progress):
+                text, removed = clean_text(raw)
+                if removed:
+                    counts["documents.cleaned.control_chars"] += 1
+                if not text:
+                    counts["documents.dropped.empty"] += 1
+                elif len(text) < self.cfg.min_doc_chars:
+                    counts["documents.dropped.too_short"] += 1
+                else:
+                    data = text.encode("utf-8")
+                    digest = document_hash(text, self.cfg.seed)
+                    record = digest + _LENGTH.pack(len(data)) + data
+                    buckets.setdefault(hash_bucket(digest, self.plan.num_buckets), []).append(record)
+                    size += len(record)
+                    if size >= self.cfg.spill_bytes:
+                        yield from self._spill(buckets, size)
+                        buckets, size = {}, 0
+            yield from self._spill(buckets, size)
+            progress.done()
         seconds = time.monotonic() - started
         log.info(
             "read %s: %d documents (%d dropped), %.1f MB of text from %.1f MB on disk (%.0f%% of the input) "
@@ -172,17 +181,21 @@ class ReadAndClean(WorkerDoFn):
             _count(key, n)
             yield COUNT, (key, n)
 
-    def _spill(self, buckets: dict[int, list[bytes]]) -> Iterator[tuple[str, tuple[int, tuple[str, int, int]]]]:
+    def _spill(
+        self, buckets: dict[int, list[bytes]], size: int
+    ) -> Iterator[tuple[str, tuple[int, tuple[str, int, int]]]]:
+        """One spill file of ``size`` bytes, bucket after bucket; its references once it is whole."""
         if not buckets:
             return
         path = work_path(self.plan, "spill", f"{uuid.uuid4().hex}.bin")
+        ordered = sorted(buckets.items())
+        with stage("spill", path, size):
+            write_file(path, (data for _, records in ordered for data in records), size)
         offset = 0
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            for bucket, records in sorted(buckets.items()):
-                data = b"".join(records)
-                handle.write(data)
-                yield SPILL, (bucket, (path, offset, offset + len(data)))
-                offset += len(data)
+        for bucket, records in ordered:
+            length = sum(len(record) for record in records)
+            yield SPILL, (bucket, (path, offset, offset + length))
+            offset += length
 
 
 def parse_records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -208,28 +221,31 @@ class TokenizeBucket(WorkerDoFn):
     def setup(self) -> None:
         """Once per worker: the tokenizer resolved by preflight, as its serialised Rust core."""
         super().setup()
-        self.core = core_from_json(read_file(self.plan.tokenizer_file).decode("utf-8"))
+        with stage("tokenize", self.plan.tokenizer_file):
+            self.core = core_from_json(read_file(self.plan.tokenizer_file).decode("utf-8"))
         self.dtype = np.dtype(self.plan.dtype)
 
     def process(self, element: tuple[int, Iterable[tuple[str, int, int]]]) -> Iterator[Any]:
         started = time.monotonic()
         bucket, ranges = element[0], list(element[1])
-        texts, duplicates = self._unique_texts(ranges)
-        unique = sum(len(t) for t in texts.values())
-        counts = Counter({"documents.dropped.duplicate": duplicates})
-        tokens = 0
-        for split, split_texts in texts.items():
-            documents = self._tokenize(split_texts, counts)
-            if not documents:
-                continue
-            tokens += sum(len(ids) for ids in documents)
-            stream = document_stream(documents, self.plan.sep_id, self.dtype)
-            path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
-            with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-                handle.write(stream.tobytes())
-            yield STREAM, (split, (bucket, len(stream), path))
-        counts["documents.kept"] = unique - counts["documents.dropped.no_tokens"]
-        self.markers.mark("tokenize", f"{bucket:06d}", counts["documents.kept"], tokens)
+        streams = work_path(self.plan, "stream")
+        with stage("tokenize", streams):  # the spills it reads (the call names the path) and its marker
+            texts, duplicates = self._unique_texts(ranges)
+            unique = sum(len(t) for t in texts.values())
+            counts = Counter({"documents.dropped.duplicate": duplicates})
+            tokens = 0
+            for split, split_texts in texts.items():
+                documents = self._tokenize(split_texts, counts)
+                if not documents:
+                    continue
+                tokens += sum(len(ids) for ids in documents)
+                stream = document_stream(documents, self.plan.sep_id, self.dtype)
+                path = work_path(self.plan, "stream", split, f"bucket-{bucket:06d}.bin")
+                with stage("tokenize", path, stream.nbytes):
+                    write_file(path, [stream.tobytes()], stream.nbytes)
+                yield STREAM, (split, (bucket, len(stream), path))
+            counts["documents.kept"] = unique - counts["documents.dropped.no_tokens"]
+            self.markers.mark("tokenize", f"{bucket:06d}", counts["documents.kept"], tokens)
         _count("tokens", tokens)
         for key, n in sorted(counts.items()):
             _count(key, n)
@@ -291,7 +307,8 @@ def plan_split(element: tuple[str, Any], cfg: PreprocessConfig, plan: RunPlan) -
     split, streams = element[0], list(element[1])
     tasks = plan_shards(split, streams, cfg.max_seq_len, cfg.samples_per_shard)
     tokens = sum(n_tokens for _, n_tokens, _ in streams)
-    Markers(plan.output).mark("plan", split, len(tasks))
+    with stage("tokenize", plan.output):
+        Markers(plan.output).mark("plan", split, len(tasks))
     log.info(
         "tokenized %s: %s text tokens from %d of %d hash buckets -> %d shards to write",
         split,
@@ -319,12 +336,13 @@ class WriteShard(WorkerDoFn):
     def process(self, task: ShardTask) -> Iterator[Any]:
         started = time.monotonic()
         dtype = np.dtype(self.plan.dtype)
-        stream = np.concatenate([read_slice(s.path, s.start, s.stop, dtype) for s in task.slices])
-        sequences = pack_sequences(stream, self.cfg.max_seq_len, self.plan.cls_id, self.plan.pad_id)
-        entry = write_shard(self.plan.output, task.split, task.index, sequences, self.plan.pad_id)
+        with stage("write", FileSystems.join(self.plan.output, task.split)):  # streams read, the shard, its marker
+            stream = np.concatenate([read_slice(s.path, s.start, s.stop, dtype) for s in task.slices])
+            sequences = pack_sequences(stream, self.cfg.max_seq_len, self.plan.cls_id, self.plan.pad_id)
+            entry = write_shard(self.plan.output, task.split, task.index, sequences, self.plan.pad_id)
+            self.markers.mark("write", task.split, f"{task.index:06d}", len(sequences))
         _count(f"shards.{task.split}")
         _count(f"sequences.{task.split}", len(sequences))
-        self.markers.mark("write", task.split, f"{task.index:06d}", len(sequences))
         yield SHARD, (task.split, entry)
         if task.split == "train":
             yield TOKENS, token_frequencies(sequences, self.plan.identity["vocab_size"], self.plan.pad_id)
@@ -356,10 +374,14 @@ class SumArrays(beam.CombineFn):
 
 
 def finalize(element: tuple[str, Iterable[tuple[str, Any]]], cfg: PreprocessConfig, plan: RunPlan) -> None:
-    """Write token_counts.npy, then publish manifest.json, then remove the work directory.
+    """Check that every shard written is there, write token_counts.npy, then publish manifest.json, then remove
+    the work directory.
 
     ``element`` is the one group of every ``(SHARD, (split, entry))``, ``(COUNT, (counter,
-    total))`` and the ``(TOKENS, summed token counts)`` (absent when the train split is empty)."""
+    total))`` and the ``(TOKENS, summed token counts)`` (absent when the train split is empty).
+    A shard removed since it was written (another run's clean-up, a user) fails the run here: a manifest
+    listing it would be a dataset the trainer cannot read. The work directory's removal, once the dataset is
+    published, is not the dataset's: a failure there is a warning, and the next run removes it."""
     shards, counts = [], {}
     token_counts = np.zeros(plan.identity["vocab_size"], dtype=np.int64)
     for kind, value in element[1]:
@@ -369,10 +391,28 @@ def finalize(element: tuple[str, Iterable[tuple[str, Any]]], cfg: PreprocessConf
             counts[value[0]] = value[1]
         else:
             token_counts = value
-    write_atomic(FileSystems.join(plan.output, TOKEN_COUNTS), npy_bytes(token_counts))
-    manifest = build_manifest(plan.identity, cfg.max_seq_len, plan.dtype, shards, counts, to_dict(cfg))
-    write_manifest(plan.output, manifest)
-    delete_tree(FileSystems.join(plan.output, WORK_DIR))
+    with stage("finalize", plan.output):
+        check_shards_exist(plan.output, [entry for _, entry in shards])
+        write_atomic(FileSystems.join(plan.output, TOKEN_COUNTS), npy_bytes(token_counts))
+        manifest = build_manifest(plan.identity, cfg.max_seq_len, plan.dtype, shards, counts, to_dict(cfg))
+        write_manifest(plan.output, manifest)
+    try:
+        delete_tree(FileSystems.join(plan.output, WORK_DIR))
+    except Exception as err:  # the dataset is complete: say what is left, and succeed
+        log.warning("published %s, but could not remove its work directory %s: %s", plan.output, WORK_DIR, err)
+
+
+def check_shards_exist(output: str, entries: list[dict[str, Any]]) -> None:
+    """Every shard of ``entries`` is in its split folder (one listing per split); else a FileNotFoundError."""
+    listed: set[str] = set()
+    for split in SPLITS:
+        listed.update(
+            m.path for m in FileSystems.match([FileSystems.join(output, split, "shard-*.tar")])[0].metadata_list
+        )
+    for entry in sorted(entries, key=lambda e: e["path"]):
+        path = FileSystems.join(output, *entry["path"].split("/"))
+        if path not in listed:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
 def delete_tree(path: str) -> None:
@@ -468,27 +508,74 @@ def make_runner(options: PipelineOptions) -> PipelineRunner:
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision))
 
 
-def run(cfg: PreprocessConfig) -> dict[str, Any]:
-    """Validate, run the pipeline to completion, print the summary; returns the manifest."""
+def run(cfg: PreprocessConfig, verbose: bool = False) -> dict[str, Any]:
+    """Validate, run the pipeline to completion, print the summary; returns the manifest.
+
+    A run that fails removes what it wrote (:func:`discard`). An I/O fault (a full disk, a file that vanished, a
+    permission refused: :mod:`preprocessing.faults`) then ends it with one :class:`common.atomic.IOFault`: the
+    stage, the path, for a full disk the bytes, the fix, and what was removed; Beam's error records and
+    traceback are held back unless ``verbose`` (``--verbose``), where the runner's own exception is raised."""
     options = PipelineOptions(flags=[], **cfg.beam_options())
     runner = make_runner(options)
     # Before preflight's first look at the output: a filesystem reads its settings from the options
     # (s3_endpoint_url, credentials), which beam.Pipeline would only hand it later.
     FileSystems.set_options(options)
-    plan, tokenizer_json = preflight(cfg)
-    clear_previous(plan.output)
-    write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
-    log.info(
-        "preprocessing %d file(s), %.1f MB on disk (compressed size for compressed files), into %s with %s",
-        len(plan.files),
-        plan.input_bytes / 1e6,
-        plan.output,
-        cfg.beam_options(),
-    )
-    started = time.monotonic()
-    watch = StageWatch(plan.output, len(plan.files), plan.input_bytes, plan.num_buckets, cfg.progress_seconds)
-    with watch, beam.Pipeline(runner=runner, options=options) as pipeline:
-        build_pipeline(pipeline, cfg, plan)
+    output = absolute(cfg.output)
+    fresh = "://" not in output and not os.path.exists(output)  # a directory this run makes, removed if it fails
+    try:
+        plan, tokenizer_json = preflight(cfg)
+    except BaseException:
+        remove_if_empty(output, fresh)  # preflight's write probe made it
+        raise
+    try:
+        with stage("start", plan.output):
+            clear_previous(plan.output)
+            write_atomic(plan.tokenizer_file, tokenizer_json.encode("utf-8"))
+        log.info(
+            "preprocessing %d file(s), %.1f MB on disk (compressed size for compressed files), into %s "
+            "(about %.1f MB there at the peak, estimated) with %s",
+            len(plan.files),
+            plan.input_bytes / 1e6,
+            plan.output,
+            plan.room / 1e6,
+            cfg.beam_options(),
+        )
+        started = time.monotonic()
+        watch = StageWatch(plan.output, len(plan.files), plan.input_bytes, plan.num_buckets, cfg.progress_seconds)
+        held = nullcontext() if verbose else holding_beam_errors()
+        with watch, held, beam.Pipeline(runner=runner, options=options) as pipeline:
+            build_pipeline(pipeline, cfg, plan)
+    except BaseException as err:
+        removed = discard(plan.output, fresh)
+        fault = fault_of(err)
+        if verbose or fault is None or not isinstance(err, Exception):
+            raise
+        advice = what_to_do(fault, plan.output, plan.room, free_bytes(plan.output))
+        raise type(fault)(fault.errno, f"{fault.strerror}. {advice}. {removed}.") from None
     manifest = read_manifest(plan.output)
     print(summary_table(manifest, time.monotonic() - started), flush=True)
     return manifest
+
+
+def discard(output: str, fresh: bool) -> str:
+    """Remove what a failed run wrote (its work directory, shards and token counts: what :func:`clear_previous`
+    removes, every file of them this run's, since preflight refused foreign ones) and, if the run made it, the
+    output directory; a clause saying what was removed or what is left. A published dataset (a failure after
+    finalize, an interrupt) loses only its work directory."""
+    published = FileSystems.exists(FileSystems.join(output, MANIFEST))
+    names = [WORK_DIR] if published else [TOKEN_COUNTS, *SPLITS, WORK_DIR]
+    try:
+        for name in names:
+            delete_tree(FileSystems.join(output, name))
+        remove_if_empty(output, fresh)
+    except Exception as err:
+        cause = os_error_of(err)
+        reason = os.strerror(cause.errno).lower() if cause is not None else str(err)
+        return f"Could not remove its files under {output} ({reason}): the next run with this output= removes them"
+    return f"Removed what it wrote under {output}"
+
+
+def remove_if_empty(output: str, fresh: bool) -> None:
+    """Remove ``output`` if this run made it (``fresh``) and it holds nothing now."""
+    if fresh and os.path.isdir(output) and not os.listdir(output):
+        os.rmdir(output)

@@ -21,10 +21,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from preprocessing.faults import BLOCK
 from preprocessing.manifest import WORK_DIR
+from preprocessing.shards import write_file
 
 log = logging.getLogger("preprocessing")
 STAGES = ("read", "tokenize", "plan", "write")
@@ -40,8 +41,7 @@ class Markers:
         """Leave ``STAGE/f1-f2-...``; a marker is a name, so writing it is one small create. It holds one byte:
         an object store's multipart upload of nothing is refused (S3: MalformedXML)."""
         path = FileSystems.join(self.root, stage, "-".join(str(f) for f in fields))
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.write(b"\n")
+        write_file(path, [b"\n"], BLOCK)  # a full disk says a block: what the file takes
 
     def read(self, stage: str) -> list[list[str]]:
         """Every marker of a stage as its fields (nothing when the directory is not there yet, or gone)."""

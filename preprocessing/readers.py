@@ -20,7 +20,6 @@ import bz2
 import gzip
 import json
 import os
-import shutil
 import tempfile
 import zlib
 from collections import Counter
@@ -34,6 +33,8 @@ import pyarrow.parquet as pq
 import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+
+from common.atomic import explaining_full_disk
 
 FORMATS = ("txt", "jsonl", "parquet", "arrow")
 COMPRESSIONS = {"gz": "gz", "bz2": "bz2", "zst": "zst", "zstd": "zst"}
@@ -322,10 +323,7 @@ def _read_parquet(stream: IO[bytes], compression: str | None, opts: ReadOptions,
     """Parquet needs random access: a compressed file is first spooled to local temp disk."""
     with tempfile.TemporaryFile() as spool:
         if compression is not None:
-            try:
-                shutil.copyfileobj(stream, spool, CHUNK_BYTES)
-            except _STREAM_ERRORS:
-                counts["files.truncated"] += 1
+            _spool(stream, spool, counts)
             spool.seek(0)
             stream = spool
         if stream.seek(0, os.SEEK_END) == 0:  # as a text file of no bytes is, not a corrupt one
@@ -344,6 +342,22 @@ def _read_parquet(stream: IO[bytes], compression: str | None, opts: ReadOptions,
         yield from _batch_texts(
             parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[opts.text_field]), opts, counts
         )
+
+
+def _spool(stream: IO[bytes], spool: IO[bytes], counts: Counter) -> None:
+    """Decompress ``stream`` into the local ``spool``. Damage part-way counts the file truncated and keeps what came
+    before it; a full local disk is no damage of the file's, and fails the read (:class:`common.atomic.OutOfSpace`)
+    instead of silently keeping a part of it."""
+    with explaining_full_disk("a compressed Parquet file's local copy", tempfile.gettempdir(), None):
+        while True:
+            try:
+                chunk = stream.read(CHUNK_BYTES)
+            except _STREAM_ERRORS:
+                counts["files.truncated"] += 1
+                return
+            if not chunk:
+                return
+            spool.write(chunk)
 
 
 def _read_arrow(

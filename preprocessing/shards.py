@@ -13,9 +13,11 @@ import hashlib
 import io
 import tarfile
 import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from common.atomic import explaining_full_disk
@@ -49,6 +51,7 @@ def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
         return _tar_end(0)
     npy_header = np.frombuffer(npy_bytes(sequences[0])[: -sequences[0].nbytes], dtype=np.uint8)
     size = len(npy_header) + sequences[0].nbytes
+    member = member_bytes(size)
     template = np.frombuffer(_member_header(sample_key(split, shard, 0), size), dtype=np.uint8).copy()
     template[:100] = 0  # the name goes here
     template[148:156] = ord(" ")  # the checksum is computed with its own field as spaces
@@ -56,7 +59,6 @@ def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
     name_field = np.array(names, dtype="S100").view(np.uint8).reshape(rows, 100)
     checksums = int(template.sum()) + name_field.sum(axis=1, dtype=np.int64)
 
-    member = tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
     end = _tar_end(rows * member)
     flat = np.zeros(rows * member + len(end), dtype=np.uint8)
     members = flat[: rows * member].reshape(rows, member)
@@ -69,6 +71,16 @@ def tar_bytes(split: str, shard: int, sequences: np.ndarray) -> bytes:
     members[:, tarfile.BLOCKSIZE : data] = npy_header
     members[:, data : tarfile.BLOCKSIZE + size] = np.ascontiguousarray(sequences).view(np.uint8).reshape(rows, -1)
     return flat.tobytes()
+
+
+def member_bytes(size: int) -> int:
+    """A tar member's bytes for a file of ``size`` bytes: its header block, then the data padded to whole blocks."""
+    return tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
+
+
+def sample_bytes(max_seq_len: int, dtype: np.dtype) -> int:
+    """What one packed sequence takes in a shard: its ``.npy`` member (preflight sizes the output from this)."""
+    return member_bytes(len(npy_bytes(np.zeros(max_seq_len, dtype=dtype))))
 
 
 def _member_header(key: str, size: int) -> bytes:
@@ -87,17 +99,35 @@ def _tar_end(written: int) -> bytes:
     return bytes(2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE))
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write to ``path.tmp-<uuid>`` then rename, through Beam's FileSystems (any filesystem). A write that fails
-    (a full disk: :class:`common.atomic.OutOfSpace`, naming the bytes) removes its temporary file."""
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+@contextlib.contextmanager
+def _removed_on_failure(path: str) -> Iterator[None]:
     try:
-        with explaining_full_disk(path, FileSystems.split(path)[0], len(data)), FileSystems.create(temp) as handle:
-            handle.write(data)
+        yield
     except BaseException:
-        with contextlib.suppress(Exception):
-            FileSystems.delete([temp])
+        with contextlib.suppress(Exception):  # nothing there (the create failed), or nothing to be done (read-only)
+            FileSystems.delete([path])
         raise
+
+
+def write_file(path: str, chunks: Iterable[bytes], size: int, name: str | None = None) -> None:
+    """Write ``chunks`` (``size`` bytes in all) to ``path`` through Beam's FileSystems (any filesystem). A write
+    that fails removes what it wrote, then a full disk is one :class:`common.atomic.OutOfSpace` naming ``name``
+    (default: ``path``), the bytes and those free: measured once the partial file is gone, so they say by how
+    much the write fell short."""
+    full_disk = explaining_full_disk(name or path, FileSystems.split(path)[0], size)
+    with (
+        full_disk,
+        _removed_on_failure(path),
+        FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle,
+    ):
+        for chunk in chunks:
+            handle.write(chunk)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write to ``path.tmp-<uuid>`` (:func:`write_file`) then rename, so a reader never sees a part."""
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    write_file(temp, [data], len(data), name=path)
     if FileSystems.exists(path):
         FileSystems.delete([path])
     FileSystems.rename([temp], [path])

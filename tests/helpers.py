@@ -93,15 +93,14 @@ def block_imports(dest: Path, names: tuple[str, ...] = ABSENT_ON_GPU_MACHINE) ->
 
 
 @contextlib.contextmanager
-def small_tmpfs(where: Path, megabytes: int) -> Iterator[Path]:
-    """A real filesystem of ``megabytes`` MB at ``where`` (a tmpfs: mounting needs root, as on CI); the test
-    skips, saying why, where it cannot be mounted. Unmounted at the end."""
+def small_tmpfs(where: Path, megabytes: float) -> Iterator[Path]:
+    """A real filesystem of ``megabytes`` MB (to the KiB) at ``where`` (a tmpfs: mounting needs root, as on CI);
+    the test skips, saying why, where it cannot be mounted. Unmounted at the end."""
     import pytest
 
     where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(where)], capture_output=True, text=True
-    )
+    size = f"size={round(megabytes * 1024)}k"
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(where)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"a small filesystem for a full disk needs `mount -t tmpfs` (root): {mounted.stderr.strip()}")
     try:
@@ -193,6 +192,18 @@ def preprocess(
     out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path], **overrides: object
 ) -> subprocess.CompletedProcess:
     """:func:`build_dataset`, returning the finished process (its stdout and stderr) instead."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = preprocess_command(out_dir, tokenizer_dir, corpus, **overrides)
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"preprocessing failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def preprocess_command(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path], **overrides: object) -> list[str]:
+    """``python -m preprocessing input=... tokenizer=... output=... KEY=VALUE ...`` (see :func:`build_dataset`)."""
     corpora = corpus if isinstance(corpus, list) else [corpus]
     settings: dict[str, object] = {
         "input": [str(c) for c in corpora],
@@ -205,15 +216,7 @@ def preprocess(
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, item in items:
             args.append(f"{key}.{sub}={json.dumps(item)}" if sub else f"{key}={json.dumps(item)}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "preprocessing", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"preprocessing failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return proc
+    return [sys.executable, "-m", "preprocessing", *args]
 
 
 # Small spills and buckets so that even the 220 KB sample exercises several of each.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 import stat
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from common.atomic import (
     OutOfSpace,
     atomic_directory,
+    explain_fault,
     explaining_full_disk,
     write_text_atomically,
 )
@@ -89,3 +91,18 @@ def test_a_full_disk_says_what_needed_how_many_bytes_and_publishes_nothing(tmp_p
 
     with pytest.raises(ValueError), explaining_full_disk("x", tmp_path, 1):  # room enough: not a full disk
         raise ValueError("something else")
+
+
+def test_a_fault_a_library_wraps_is_named_by_its_path_and_a_bug_is_not_a_fault(tmp_path: Path) -> None:
+    """Beam's FileSystems report a failed rename as a BeamIOError without an errno, the OSError of each path
+    inside it: the fault is found there and named by its path. An error that is no I/O fault stays unexplained."""
+    from apache_beam.io.filesystems import FileSystems
+
+    gone = tmp_path / "gone.tar"
+    with pytest.raises(OSError) as caught:
+        FileSystems.rename([str(gone)], [str(tmp_path / "kept.tar")])
+    assert caught.value.errno is None
+    fault = explain_fault(caught.value, "the shard", tmp_path, None)
+    assert fault is not None and fault.errno == errno.ENOENT
+    assert fault.strerror == f"{gone}: no such file or directory"
+    assert explain_fault(ValueError("a bug"), "the shard", tmp_path, 1) is None

@@ -2,10 +2,8 @@
 
 import io
 import tarfile
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from preprocessing.manifest import build_manifest, summary_table
 from preprocessing.shards import npy_bytes, sample_key, tar_bytes, write_shard
@@ -75,20 +73,3 @@ def test_summary_table_lists_every_reason():
     table = summary_table(manifest, seconds=2.0)
     for text in ("documents read", "dropped: duplicate", "dropped: too_long", "files truncated", "90 / 3 / 1", "2.50"):
         assert text in table
-
-
-@pytest.mark.full
-def test_preprocessing_onto_a_full_disk_fails_and_publishes_no_dataset(
-    tmp_path: Path, bert_tokenizer_dir: Path
-) -> None:
-    """The output on a 16 MB filesystem left with 200 KB, less than the sample's spills and shards: the run fails
-    saying the device has no space, and leaves no manifest (what makes a dataset) and no temporary file."""
-    from helpers import SAMPLE_CORPUS, TINY_DATASET_SETTINGS, build_dataset, fill, small_tmpfs
-
-    with small_tmpfs(tmp_path / "disk", 16) as disk:
-        fill(disk, leave_bytes=200 * 1024)
-        with pytest.raises(RuntimeError, match=r"(?i)no space left on device"):
-            build_dataset(disk / "dataset", bert_tokenizer_dir, SAMPLE_CORPUS, **TINY_DATASET_SETTINGS)
-        written = [p.name for p in (disk / "dataset").rglob("*") if p.is_file()] if (disk / "dataset").exists() else []
-        assert "manifest.json" not in written
-        assert not [name for name in written if ".tmp-" in name], written
