@@ -68,15 +68,19 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def summarize(item: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each measured name's windows over all repeats (median, range) and the item's ratios: the medians'
-    ratio and its range, the slowest numerator window over the fastest denominator's up to the reverse."""
+    """Each measured name's windows over all repeats (median, range) and the item's ratios (``[top, bottom]``, or a
+    suffix: each ``NAME-suffix`` over ``NAME``): the medians' ratio and its range, the slowest numerator window over
+    the fastest denominator's up to the reverse."""
     pooled: dict[str, list[float]] = {}
     for run in runs:
         for name, rates in windows(run).items():
             pooled.setdefault(name, []).extend(rates)
     rates = {name: spread(values) for name, values in pooled.items() if values}
     ratios = {}
-    for top, bottom in item.get("ratios", []):
+    pairs = [pair for pair in item.get("ratios", []) if isinstance(pair, list)]
+    for suffix in (spec for spec in item.get("ratios", []) if isinstance(spec, str)):  # each twin over its base
+        pairs += [[name, name.removesuffix(suffix)] for name in rates if name.endswith(suffix)]
+    for top, bottom in pairs:
         if top in rates and bottom in rates:
             a, b = rates[top], rates[bottom]
             ratios[f"{top} / {bottom}"] = {
