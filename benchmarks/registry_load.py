@@ -21,6 +21,7 @@ includes the worker's start (its imports), the export and the upload, as a train
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -34,7 +35,13 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "tests"))
-from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
+from benchmarks.suite_time import (  # noqa: E402
+    add_result_options,
+    made_by,
+    measured_or_committed,
+    provenance,
+    write_result,
+)
 
 MODEL = "sweep-student"
 USER = ("sweep", "sweep-password-1234")
@@ -241,6 +248,12 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def shown(path: Path) -> str:
+    """``path`` as the docs name it: from the repository's root when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--producers", type=int, default=8, help="concurrent training runs")
@@ -252,8 +265,26 @@ def main() -> int:
     parser.add_argument("--fault-at", type=float, default=15.0, help="seconds into the load a fault begins")
     parser.add_argument("--outage", type=float, default=20.0, help="how long S3 stays unreachable (s3-down)")
     parser.add_argument("--checkpoint", type=Path, help="a DeepSpeed checkpoint (default: made by a tiny run)")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="write --out from result files measured at the same "
+        "time, one backend each (side by side): their loads, each file's command and machine",
+    )
     add_result_options(parser, REPO / "docs" / "mlflow" / "registry-load.json")
     args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(path.read_text(encoding="utf-8")) for path in args.merge]
+        write_result(args.out, {
+            **provenance(" ".join(["python benchmarks/registry_load.py", *sys.argv[1:]])),
+            "result_file": shown(args.out),
+            "server_workers": parts[0]["server_workers"],
+            "interval_s": parts[0]["interval_s"],
+            "parts": [{key: part[key] for key in ("command", "commit", "dirty", "machine")} for part in parts],
+            "loads": [measured for part in parts for measured in part["loads"]],
+        })  # fmt: skip
+        args.from_result = True
 
     def measure() -> dict:
         from helpers import MotoServer
@@ -263,8 +294,8 @@ def main() -> int:
             work = Path(tmp)
             checkpoint = args.checkpoint or make_checkpoint(work / "checkpoint")
             moto = MotoServer(work / "moto.log")
-            moto.start()
             try:
+                moto.start()
                 loads = [load(backend, work, checkpoint, moto, args) for backend in args.backends.split(",")]
                 faults = [fault for fault in args.faults.split(",") if fault]
                 loads += [load("postgresql", work, checkpoint, moto, args, fault) for fault in faults]
@@ -272,7 +303,7 @@ def main() -> int:
                 moto.stop()
         return {
             **header,
-            "result_file": str(args.out.resolve().relative_to(REPO)),
+            "result_file": shown(args.out),
             "server_workers": 2,
             "interval_s": args.interval,
             "loads": loads,

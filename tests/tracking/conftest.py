@@ -166,7 +166,7 @@ def registered_run(
     out = tmp_path_factory.mktemp("registered") / "run"
     settings = registered_settings(registry_server.uri)
     run = Launch(tiny_teacher_dir, tiny_dataset_dir, out, settings, registry_server.client_env)
-    run.wait()
+    run.wait(timeout=1200)  # its end waits up to 600 s for the registry (registered_settings)
     return run
 
 
