@@ -286,7 +286,7 @@ def suite_time_table() -> str:
 
 
 def registry_load_table() -> str:
-    return registry_load.table(load(REGISTRY_LOAD))
+    return registry_load.table(load(REGISTRY_LOAD)) if (REPO / REGISTRY_LOAD).exists() else "Not measured yet."
 
 
 def demo_time_table() -> str:
