@@ -242,9 +242,10 @@ def table(result: dict) -> str:
             f"{r['latency_s']['p95']:.1f} |"
         )
     machine = result["machine"]
-    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", f"{result['server_workers']} server "
-             f"workers, a checkpoint every {result['interval_s']:g} s per run, the server, the stores and the runs "
-             "on one machine")]  # fmt: skip
+    load = f"load average {machine['load_average_at_end'][1]:.0f} over its last 5 minutes (shared with other jobs)"
+    setup = f"{result['server_workers']} server workers, a checkpoint every {result['interval_s']:g} s per run"
+    where = "the server, the stores and the runs on one machine"
+    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup, where)]
     return "\n".join(rows)
 
 
