@@ -246,6 +246,8 @@ def table(result: dict) -> str:
     setup = f"{result['server_workers']} server workers, a checkpoint every {result['interval_s']:g} s per run"
     where = "the server, the stores and the runs on one machine"
     rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup, where)]
+    if "parts" in result:  # merged: each backend's own measurement
+        rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
     return "\n".join(rows)
 
 
