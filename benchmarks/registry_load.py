@@ -242,7 +242,9 @@ def table(result: dict) -> str:
             f"{r['latency_s']['p95']:.1f} |"
         )
     machine = result["machine"]
-    load = f"load average {machine['load_average_at_end'][1]:.0f} over its last 5 minutes (shared with other jobs)"
+    measured = [part["machine"] for part in result.get("parts", [])] or [machine]  # a merged file: each part's
+    averages = " and ".join(f"{m['load_average_at_end'][1]:.0f}" for m in measured)
+    load = f"load average {averages} over the last 5 minutes (shared with other jobs)"
     setup = f"{result['server_workers']} server workers, a checkpoint every {result['interval_s']:g} s per run"
     where = "the server, the stores and the runs on one machine"
     rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup, where)]
