@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages test test-all lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
+.PHONY: setup slurm-packages postgres-packages test test-all lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,19 @@ slurm-packages:
 		fi; \
 	fi
 
+# The team registry's tests (tests/tracking: PostgreSQL, S3, basic auth) start a real PostgreSQL server from Debian's
+# package (its binaries in /usr/lib/postgresql/VERSION/bin); installed the same way, else those tests skip and say why.
+postgres-packages:
+	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing postgresql (apt-get) for the team registry's tests"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		else \
+			echo "PostgreSQL is not installed (installing it needs root and apt-get): the team registry's tests will skip"; \
+		fi; \
+	fi
+
 # Two tiers (tests/tiers.py). `make test`: ruff and the fast tier, every test not marked `full`, each held to
 # FAST_LIMIT_S (a test over it fails and says to mark it `full`). `make test-all` (CI): ruff and both tiers in
 # one pytest session, so that the fixtures they share are built once; the fast tier's tests held to the limit.
@@ -47,7 +60,7 @@ test: setup
 	$(VENV)/bin/ruff check .
 	DS_ACCELERATOR=cpu $(PY) -m pytest -q -m "not full" --fast-tier-limit=$(FAST_LIMIT_S)
 
-test-all: setup slurm-packages
+test-all: setup slurm-packages postgres-packages
 	$(VENV)/bin/ruff check .
 	DS_ACCELERATOR=cpu $(PY) -m pytest -q --fast-tier-limit=$(FAST_LIMIT_S) \
 		--suite-budget=$(SUITE_BUDGET_S) --suite-limit=$(SUITE_LIMIT_S)

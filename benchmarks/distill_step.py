@@ -359,11 +359,17 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         with counting as kernels:
             step(i)
         compiled_kernels += kernels
-    synchronize(device)
-    start = time.perf_counter()
-    losses = [step(args.warmup + i) for i in range(args.steps)]
-    synchronize(device)
-    seconds = time.perf_counter() - start
+    # timed in windows of --window steps (default: one window of them all), each ended by a device sync: their
+    # rates give a median and a range, one window's stall from steady noise
+    window = args.window or args.steps
+    losses, window_seconds = [], []
+    for first in range(0, args.steps, window):
+        synchronize(device)
+        start = time.perf_counter()
+        losses += [step(args.warmup + i) for i in range(first, min(first + window, args.steps))]
+        synchronize(device)
+        window_seconds.append(time.perf_counter() - start)
+    seconds = sum(window_seconds)
     host_sync = host_syncs(device, lambda: forward_backward(0))
     max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     ceilings = functools.cache(lambda: measured_ceilings(device, dtype))  # measured once, where first needed
@@ -427,6 +433,10 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "seconds_per_step": seconds / args.steps,
         "tokens_per_s": tokens_per_s,
+        "window_tokens_per_s": [
+            min(window, args.steps - i * window) * cfg.micro_batch_size * args.seq_len / s
+            for i, s in enumerate(window_seconds)
+        ],
         "flops_per_token": flops,
         "achieved_tflops": tokens_per_s * flops / 1e12,
         "peak_tflops": peak / 1e12,
@@ -448,6 +458,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--window", type=int, default=None, help="time in windows of this many steps (default: one)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s of the device, in TFLOP/s")
     parser.add_argument("--random-weights", action="store_true", help="teacher from its config.json, random init")

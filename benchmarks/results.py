@@ -22,7 +22,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks import demo_time, suite_time  # noqa: E402
+from benchmarks import demo_time, registry_load, suite_time  # noqa: E402
 from benchmarks.demo_time import minutes  # noqa: E402
 from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
@@ -34,6 +34,7 @@ ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 CPU_ABLATION = Path("docs/quality/ablation-cpu-2026-11-29")
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
+REGISTRY_LOAD = Path("docs/mlflow/registry-load.json")  # benchmarks/registry_load.py
 TASK_DISTILL = Path("docs/quality/task-distill.json")
 TASKS = Path("benchmarks/quality/tasks/tasks.json")  # the suite's task files, with each one's bag-of-words baseline
 SEPARATION = Path("docs/quality/suite-separation.json")  # MiniLM against bag-of-words on 500 train, with chance
@@ -285,12 +286,17 @@ def suite_time_table() -> str:
     return f"{suite_time.table(result)}\n{made_by(result, cpus, file=SUITE_TIME)}."
 
 
+def registry_load_table() -> str:
+    return registry_load.table(load(REGISTRY_LOAD)) if (REPO / REGISTRY_LOAD).exists() else "Not measured yet."
+
+
 def demo_time_table() -> str:
     return demo_time.table(load(DEMO_TIME)) if (REPO / DEMO_TIME).exists() else "Not measured yet."
 
 
 PAGES = {
     "README.md": {"results": readme_table},
+    "docs/mlflow-server.md": {"registry-load": registry_load_table},
     "docs/benchmarks.md": {"speed": speed_table, "demo-time": demo_time_table, "suite-time": suite_time_table},
     "docs/quality.md": {
         "ablation-bert": lambda: family_table("bert"),

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -406,17 +407,36 @@ ADMIN_PASSWORD = "admin-password-1234"  # of a basic-auth MlflowServer
 
 
 class MlflowServer:
-    """``mlflow server`` on 127.0.0.1 (SQLite, local artifacts) in its own process group. ``idle``: in Linux's
-    SCHED_IDLE class, so that a benchmark on this machine measures the trainer and not the server, which in
-    a real deployment runs elsewhere."""
+    """``mlflow server`` on 127.0.0.1, started by launch/mlflow-server.sh (the script a team runs) in its own process
+    group: by default on SQLite with local artifacts; ``backend``/``artifacts`` name other stores (PostgreSQL, S3)
+    and ``env`` what they need (S3 credentials). ``app_name="basic-auth"``: users and permissions (admin password:
+    ADMIN_PASSWORD), in ``auth_db`` (default: a SQLite file beside the store). ``idle``: in Linux's SCHED_IDLE
+    class, so that a benchmark on this machine measures the trainer and not the server, which in a real
+    deployment runs elsewhere. ``client_env``: what a client of this server sets (its user's credentials)."""
 
-    def __init__(self, root: Path, port: int | None = None, *, idle: bool = False, app_name: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        *,
+        idle: bool = False,
+        app_name: str | None = None,
+        backend: str | None = None,
+        artifacts: str | None = None,
+        auth_db: str | None = None,
+        env: dict[str, str] | None = None,
+        workers: int = 1,
+    ) -> None:
         self.root = root
         self.idle = idle
-        self.app_name = app_name  # "basic-auth": users and permissions (admin password: ADMIN_PASSWORD)
+        self.app_name = app_name
         self.port = port or free_port()
-        self.db = root / "mlflow.db"
-        self.artifacts = root / "artifacts"
+        self.backend = backend or f"sqlite:///{root / 'mlflow.db'}"
+        self.artifacts = artifacts or str(root / "artifacts")
+        self.auth_db = auth_db or f"sqlite:///{root / 'basic_auth.db'}"
+        self.env = env or {}
+        self.workers = workers
+        self.client_env: dict[str, str] = {}
         self.log = root / "server.log"
         self.process: subprocess.Popen | None = None
 
@@ -425,29 +445,30 @@ class MlflowServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 180.0) -> None:
-        """Start ``mlflow server`` and wait until /health answers."""
-        mlflow_cli = Path(sys.executable).parent / "mlflow"
-        cmd = [
-            str(mlflow_cli), "server",
-            "--backend-store-uri", f"sqlite:///{self.db}",
-            "--artifacts-destination", str(self.artifacts),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-        ]  # fmt: skip
+        """Start ``mlflow server`` through launch/mlflow-server.sh and wait until /health answers."""
+        cmd = ["bash", str(REPO / "launch" / "mlflow-server.sh")]
         if self.idle:
             cmd = ["chrt", "--idle", "0", *cmd]  # inherited by the processes the server forks
-        # The job executor forks seven consumer processes that these tests never use.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env = {
+            **os.environ,
+            **self.env,
+            "PYTHON": sys.executable,
+            "MLFLOW_BACKEND_STORE_URI": self.backend,
+            "MLFLOW_ARTIFACTS_DESTINATION": self.artifacts,
+            "MLFLOW_HOST": "127.0.0.1",
+            "MLFLOW_PORT": str(self.port),
+            "MLFLOW_WORKERS": str(self.workers),
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # its job executor forks 7 consumers these tests never use
+        }
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            env.pop(name, None)  # a client's settings, not the server's
         if self.app_name == "basic-auth":
-            cmd += ["--app-name", "basic-auth"]
-            auth = self.root / "basic_auth.ini"
-            auth.write_text(
-                "[mlflow]\ndefault_permission = READ\n"
-                f"database_uri = sqlite:///{self.root / 'basic_auth.db'}\n"
-                f"admin_username = admin\nadmin_password = {ADMIN_PASSWORD}\n"
-                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            env.update(
+                MLFLOW_AUTH_DATABASE_URI=self.auth_db,
+                MLFLOW_ADMIN_PASSWORD=ADMIN_PASSWORD,
+                MLFLOW_SERVER_DIR=str(self.root),
+                MLFLOW_FLASK_SERVER_SECRET_KEY="test-csrf-secret",
             )
-            env["MLFLOW_AUTH_CONFIG_PATH"] = str(auth)
-            env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = "test-csrf-secret"  # the auth app's CSRF protection wants one
         with self.log.open("a") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -463,6 +484,11 @@ class MlflowServer:
     def add_user(self, username: str, password: str) -> None:
         """A user of a basic-auth server, created by its admin through the server's REST API."""
         self.as_admin("/api/2.0/mlflow/users/create", username=username, password=password)
+
+    def add_client_user(self, username: str, password: str) -> None:
+        """A user as :meth:`add_user`, and this server's clients (``client_env``) sign in as it."""
+        self.add_user(username, password)
+        self.client_env = {"MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password}
 
     def grant(self, username: str, model: str, permission: str) -> None:
         """Give ``username`` ``permission`` (READ, EDIT, MANAGE, ...) on registered model ``model``, as an admin
@@ -507,6 +533,81 @@ class MlflowServer:
         self.process = None
         while self.healthy():
             time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ a real PostgreSQL server
+class PostgresServer:
+    """PostgreSQL (Debian's binaries: initdb, pg_ctl on PATH) from its own data directory, on a free port of
+    127.0.0.1, trusting local connections. Run by the ``postgres`` user when we are root (PostgreSQL refuses
+    root), so its directory is made under /tmp and not under pytest's (root's, mode 700); :meth:`remove`
+    deletes it. :meth:`restart` is the fault a team's database does to its clients (``pg_ctl restart -m fast``:
+    every connection cut)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="pg-test-"))
+        self.data = self.root / "data"
+        self.log = self.root / "postgres.log"
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+
+    @staticmethod
+    def binaries() -> Path | None:
+        """The directory of initdb and pg_ctl: on PATH, else Debian's /usr/lib/postgresql/VERSION/bin."""
+        on_path = shutil.which("initdb")
+        found = [Path(on_path).resolve().parent] if on_path else sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+        return next((d for d in reversed(found) if (d / "pg_ctl").exists()), None)
+
+    @classmethod
+    def available(cls) -> str | None:
+        """Why this machine cannot run one (None: it can)."""
+        if cls.binaries() is None:
+            return "PostgreSQL's initdb/pg_ctl are not installed: `make postgres-packages` installs Debian's postgresql"
+        try:
+            import psycopg2  # noqa: F401
+        except ImportError:
+            return "psycopg2 is not installed: pip install psycopg2-binary"
+        return None
+
+    def pg(self, program: str, *args: str) -> None:
+        """Run PostgreSQL's ``program`` as its owner; raises with its output and the server's log on failure."""
+        command = [str(self.binaries() / program), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.root)
+        if done.returncode:
+            log = self.log.read_text() if self.log.exists() else ""
+            raise RuntimeError(f"{program} {' '.join(args)} failed:\n{done.stdout}{done.stderr}{log[-3000:]}")
+
+    def start(self) -> None:
+        if not self.data.exists():  # fsync off: a test's database need not survive the machine
+            self.pg("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c max_connections=200"
+        self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def restart(self) -> None:
+        self.pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "restart")
+
+    def create_database(self, name: str) -> str:
+        """A new database; returns its URI."""
+        import psycopg2
+
+        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
+        connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        connection.close()
+        return self.uri(name)
+
+    def uri(self, database: str) -> str:
+        """SQLAlchemy's URI (the driver named: SQLAlchemy 2.1's plain ``postgresql://`` means psycopg 3)."""
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+
+    def remove(self) -> None:
+        """Stop the server (if running) and delete its directory."""
+        if (self.data / "postmaster.pid").exists():
+            self.pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ a real S3 server, and a fault in front of it

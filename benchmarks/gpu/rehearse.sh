@@ -2,8 +2,9 @@
 # The GPU machine's device calls rehearsed on this CPU machine, before a session spends device time on them:
 #   bash benchmarks/gpu/rehearse.sh MODE [OUT]
 #
-#   cpu           .venv: the GPU tests' bodies on a CPU rank (the CUDA-only checks skip), then a `session` call of
-#                 the campaign with --quick models and the wheels skipped (the .venv has those packages)
+#   cpu           .venv: the GPU tests' bodies on a CPU rank (the CUDA-only checks skip), then the draw's `next` call
+#                 with --quick models, the wheels skipped (the .venv has those packages) and no answer committed
+#                 (every item items.json has for next, in order)
 #   gpu-venv      the same against the device's library versions (.gpu-venv: `make gpu-venv`), the campaign's `all`
 #   device-venv   the device's own Python 3.12.3 and packages only (.device-venv: `make device-venv`), the carried
 #                 wheels installed into /tmp/site as a device call installs them: a first `session` call cut short
@@ -58,8 +59,10 @@ case $MODE in
 cpu)
     need .gpu/data-128 gpu-data
     ENCODER_DISTILL_GPU_TESTS_ON=cpu ENCODER_DISTILL_GPU_DATA=.gpu/data-128 "$PY" -m pytest -m gpu tests/gpu
-    PATH=$(dirname "$PY"):$PATH PYTHON=$PY SKIP_WHEELS=1 THROUGHPUT_ARGS=--quick GPU_CAMPAIGN_STATE=$WORK/state \
-        bash benchmarks/gpu/run.sh "$WORK/session" session
+    mkdir -p "$WORK/answers"
+    PATH=$(dirname "$PY"):$PATH PYTHON=$PY SKIP_WHEELS=1 THROUGHPUT_ARGS="--quick --work $WORK/tt-work" \
+        GPU_NEXT_ANSWERS=$WORK/answers GPU_NEXT_WORK=$WORK/next-work GPU_RUN_BUDGET_S=3000 \
+        bash benchmarks/gpu/run.sh "$WORK/next" next
     ;;
 gpu-venv)
     need .gpu-venv/bin/python gpu-venv

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The GPU campaign on a bare, offline GPU machine:
-#   bash benchmarks/gpu/run.sh OUTDIR [session|fair|tests|cases|steps|all]
+#   bash benchmarks/gpu/run.sh OUTDIR [next|session|fair|tests|cases|steps|all]
+#
+#   next        the one command of every draw: the open questions of benchmarks/gpu/items.json, most telling first,
+#               each started only if its estimate fits the time left to the deadline (GPU_RUN_BUDGET_S, default
+#               540 s from this script's start), each answer written into OUTDIR as NAME.json the moment it is
+#               complete (benchmarks/gpu/next.py); what docs/gpu-campaign/next/ holds is answered and skipped.
+#               OUTDIR: versions.txt, next.log, next.md and the answers. Nothing is kept on the machine.
 #
 # Needs .gpu/ from this repository's `make gpu-wheels gpu-data` (carried to the machine): it installs
 # .gpu/wheels (deepspeed, webdataset, ...) into /tmp/site without any index, prints the versions, then
@@ -26,9 +32,9 @@
 # tests.xml, throughput.log, throughput.json, throughput.md, summary.md. docs/gpu-machine.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [session|fair|tests|cases|steps|all]}
+OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [next|session|fair|tests|cases|steps|all]}
 MODE=${2:-session}
-case $MODE in session | fair | tests | cases | steps | all) ;; *) echo "unknown mode $MODE (session|fair|tests|cases|steps|all)"; exit 2 ;; esac
+case $MODE in next | session | fair | tests | cases | steps | all) ;; *) echo "unknown mode $MODE (next|session|fair|tests|cases|steps|all)"; exit 2 ;; esac
 # fair is a session that measures less: the same state, deadline and continuation
 SESSION=false
 case $MODE in session | fair) SESSION=true ;; esac
@@ -132,6 +138,13 @@ report() {  # summary.md from what RESULTS holds, and every file copied to OUTDI
 }
 
 case $MODE in
+    next)  # its own report (next.md), rewritten after every item; THROUGHPUT_ARGS: the CPU dry run's --quick
+        "$PY" benchmarks/gpu/next.py "$OUTDIR" --deadline "$DEADLINE" --inputs "$INPUTS" \
+            --work "${GPU_NEXT_WORK:-/tmp/gpu-next}" --throughput-args "${THROUGHPUT_ARGS:-}" \
+            ${GPU_NEXT_ANSWERS:+--answers "$GPU_NEXT_ANSWERS"} 2>&1 \
+            | tee -a "$OUTDIR/next.log"
+        exit "${PIPESTATUS[0]}"
+        ;;
     tests) tests ;;
     fair)
         # the three steps side by side (one process each, one after another on the same GPU), then the compiled

@@ -83,9 +83,24 @@ STEP_VARIANTS = {
     "tinybert-memory": ["--step=project", "--memory"],
     "project-compiled": ["--step=project", "--compile", "--floor", "--profile-steps=3"],
     "project-no-fused-adamw": ["--step=project", "--no-fused-adamw"],
+    # the fair comparison at the preset's own micro-batch (benchmarks/gpu/items.json, "fair-steps"), each timed in
+    # windows (distill_step.py --window) for a median and a range
+    "fair-project": ["--step=project"],
+    "fair-naive": ["--step=naive"],
+    "fair-peer": ["--step=peer"],
 }
 STEP_OVERRIDES = {"project-unpadded": ["objective.vocab_multiple=1"]}  # config keys a step changes
 HEADLINE = "headline"  # --only's name for the first case of the list
+# --only's names for the cases of benchmarks/gpu/next.py's items: (the full campaign's cases, --quick's stand-ins)
+ITEM_CASES = {
+    "engine-preset": (["distilbert-512-mb64", "distilbert-512-mb64-compiled"], ["distilbert-128-mb2"]),
+    "attn0-preset": (
+        ["distilbert-512-mb64", "distilbert-512-mb64-attn0"],
+        ["distilbert-128-mb2", "distilbert-128-mb2-attn0"],
+    ),
+}
+# The windowed steps: at least 5 timed windows of at least 3 optimizer steps each (--quick: 2 of 1)
+WINDOWS, WINDOW_STEPS = 5, 3
 COMPILED_PROFILED = "distilbert-512-mb32-compiled-profiled"  # the compiled engine step's profile (issue 52)
 COMPILE = ["compile=true"]
 # student.attention_dropout=0 (issue 52): a case's twin with the attention kernels drawing no dropout mask; --only
@@ -157,12 +172,12 @@ def full_cases() -> list[Case]:
     # compile=true through the real engine (its compilation falls in the first log interval, which is not counted);
     # at 256 the second campaign found the engine as fast as the bare step's kernels: what is left is theirs,
     # which is what compiling fuses
-    for m in (32, 256):
+    for m in (32, 64, 256):  # 64: the preset's own micro-batch (the `next` item "engine-preset")
         cases += [Case(f"distilbert-512-mb{m}-compiled", "distilbert-base", 512, m, overrides=["compile=true"])]
     cases += [
         attention_dropout_off(case)
         for case in cases
-        if case.name in ("distilbert-512-mb32", "distilbert-512-mb32-compiled")
+        if case.name in ("distilbert-512-mb32", "distilbert-512-mb32-compiled", "distilbert-512-mb64")
     ]
     cases += [Case("tinybert-4l-312-512-mb64", "tinybert-4l-312", 512, 64)]
     cases += [Case("minilm-6l-384-512-mb64", "minilm-6l-384", 512, 64)]
@@ -321,7 +336,9 @@ def json_result(command: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
-STEP_SHAPES = {"tinybert-memory": ("tinybert-4l-312", 64)}  # (preset, micro-batch) of a step not at the default
+# (preset, micro-batch) of a step not at the default; None: the preset's own
+STEP_SHAPES = {"tinybert-memory": ("tinybert-4l-312", 64)}
+STEP_SHAPES |= {name: ("distilbert-base", None) for name in ("fair-project", "fair-naive", "fair-peer")}
 
 
 def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path, quick: bool) -> list[str]:
@@ -329,8 +346,14 @@ def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path
     says otherwise (quick: 2 x 128)."""
     preset, micro = STEP_SHAPES.get(variant, ("distilbert-base", 32))
     micro, seq, steps = (2, 128, 2) if quick else (micro, 512, 10)
+    windowed = variant.startswith("fair-")
+    if windowed:
+        window = 1 if quick else WINDOW_STEPS
+        steps = (2 if quick else WINDOWS) * window
     base = [sys.executable, "benchmarks/distill_step.py", f"configs/{preset}.yaml", f"teacher={teacher_config}"]
-    base += [f"data={data}", f"micro_batch_size={micro}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
+    base += [f"data={data}", f"--seq-len={seq}", f"--steps={steps}", "--warmup=2"]
+    base += [f"micro_batch_size={micro}"] if micro else []
+    base += [f"--window={window}"] if windowed else []
     base += ["--random-weights", f"--tokenizer={tokenizer}", "--json", *STEP_OVERRIDES.get(variant, [])]
     if quick:
         base += ["student.teacher_layers=null"]
@@ -550,6 +573,9 @@ def main() -> int:
     only = None if args.only is None else set(args.only.split(","))
     parts = set(args.parts.split(","))
     cases = quick_cases() if args.quick else full_cases()
+    for alias, (full, quick) in ITEM_CASES.items():
+        if only is not None and alias in only:
+            only |= set(quick if args.quick else full)
     if only is not None and HEADLINE in only:
         only.add(cases[0].name)
     if only is not None and "compiled-profiled" in only:  # the compiled engine step's profile, at either size

@@ -2,7 +2,8 @@
 
 The server runs in its own process group so that stopping it also stops the processes it
 forks; its SQLite file and artifact directory outlive a stop, so a restart on the same port
-continues the same store (what the outage test needs).
+continues the same store (what the outage test needs). ``team_mlflow_server`` is a team's deployment:
+PostgreSQL, artifacts in S3 (moto's server), users in the basic-auth app's own PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import MlflowServer, free_port
+from helpers import S3_CREDENTIALS, MlflowServer, MotoServer, PostgresServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,6 +27,55 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> PostgresServer:
+    """A real PostgreSQL server on 127.0.0.1 for the session, removed at its end."""
+    missing = PostgresServer.available()
+    if missing:
+        pytest.skip(missing)
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+TEAM_USER = ("sweep", "sweep-password-1234")  # the team's service account on team_mlflow_server
+
+
+@pytest.fixture(scope="session")
+def team_mlflow_server(
+    postgres: PostgresServer, moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
+) -> MlflowServer:
+    """launch/mlflow-server.sh as docs/mlflow-server.md deploys it for a team: runs and registry on PostgreSQL,
+    artifacts proxied to ``s3://team-mlflow/artifacts`` (a real S3 server: moto's), the basic-auth app with its
+    users in a second PostgreSQL database, two workers; clients sign in as TEAM_USER (``client_env``)."""
+    moto_server.client().create_bucket(Bucket="team-mlflow")
+    server = MlflowServer(
+        tmp_path_factory.mktemp("team-mlflow"),
+        backend=postgres.create_database("mlflow"),
+        artifacts="s3://team-mlflow/artifacts",
+        app_name="basic-auth",
+        auth_db=postgres.create_database("mlflow_auth"),
+        env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": moto_server.url},
+        workers=2,
+    )
+    server.start()
+    try:
+        server.add_client_user(*TEAM_USER)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def registry_server(request: pytest.FixtureRequest) -> MlflowServer:
+    """The server ``registered_run`` is tracked by: ``sqlite`` (``mlflow_server``) or ``team``
+    (``team_mlflow_server``), as the test chooses with ``parametrize("registry_server", [...], indirect=True)``."""
+    return request.getfixturevalue({"sqlite": "mlflow_server", "team": "team_mlflow_server"}[request.param])
 
 
 @pytest.fixture(scope="session")
@@ -53,14 +103,16 @@ def dead_tracking_uri() -> str:
 class Launch:
     """``deepspeed --num_gpus 2 launch/run.sh configs/tiny-cpu.yaml ...`` on two CPU ranks, in the background."""
 
-    def __init__(self, teacher: Path, data: Path, output_dir: Path, overrides: list[str]) -> None:
+    def __init__(
+        self, teacher: Path, data: Path, output_dir: Path, overrides: list[str], env: dict[str, str] | None = None
+    ) -> None:
         deepspeed = Path(sys.executable).parent / "deepspeed"
         self.output_dir = output_dir
         self.log_path = output_dir.parent / f"{output_dir.name}.log"
         self.overrides = [f"teacher={teacher}", f"data={data}", f"output_dir={output_dir}", *overrides]
         cmd = [str(deepspeed), "--num_gpus", "2", "launch/run.sh"]
         cmd += ["configs/tiny-cpu.yaml", *self.overrides]
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         env.pop("MLFLOW_TRACKING_URI", None)  # the overrides name the server
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -93,24 +145,28 @@ REGISTERED_EXPERIMENT = "e2e"
 
 def registered_settings(uri: str) -> list[str]:
     """Every third step a checkpoint, an evaluation and a registered version (alias ``following``); the final
-    student registered as ``@candidate``; system metrics every second."""
+    student registered as ``@candidate``; system metrics every second. The end of training waits up to 600 s for the
+    checkpoints' versions (it returns as soon as they are in): on a 2-core machine that other jobs keep busy, 120 s
+    was too short for one registration."""
     return ["max_steps=12", "checkpoint.every_steps=3", "checkpoint.keep_last=2", "eval.every_steps=3",
             "logging.every_steps=1", f"mlflow.tracking_uri={uri}", f"mlflow.experiment={REGISTERED_EXPERIMENT}",
             f"mlflow.register_as={REGISTERED_MODEL}", "mlflow.alias=candidate", "mlflow.register_checkpoints=true",
-            "mlflow.checkpoint_alias=following", "mlflow.system_metrics_interval_s=1"]  # fmt: skip
+            "mlflow.checkpoint_alias=following", "mlflow.system_metrics_interval_s=1",
+            "mlflow.finish_timeout_s=600"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def registered_run(
-    mlflow_server: MlflowServer, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path_factory
+    registry_server: MlflowServer, tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path_factory
 ) -> Launch:
-    """The tiny CPU distillation through the real launcher, finished, tracked by ``mlflow_server`` with its due
-    checkpoints and final student registered (:func:`registered_settings`). One launch for the session: the
-    tracking, promotion, pull and fine-tune of test_end_to_end and the versions per checkpoint of
+    """The tiny CPU distillation through the real launcher, finished, tracked by ``registry_server`` with its due
+    checkpoints and final student registered (:func:`registered_settings`). One launch per server for the
+    session: the tracking, promotion, pull and fine-tune of test_end_to_end and the versions per checkpoint of
     test_registered_checkpoints read the same run."""
     out = tmp_path_factory.mktemp("registered") / "run"
-    run = Launch(tiny_teacher_dir, tiny_dataset_dir, out, registered_settings(mlflow_server.uri))
-    run.wait()
+    settings = registered_settings(registry_server.uri)
+    run = Launch(tiny_teacher_dir, tiny_dataset_dir, out, settings, registry_server.client_env)
+    run.wait(timeout=1200)  # its end waits up to 600 s for the registry (registered_settings)
     return run
 
 

@@ -39,8 +39,9 @@ def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> N
 
 
 @pytest.mark.full
+@pytest.mark.parametrize("registry_server", ["sqlite"], indirect=True)  # the team's: test_registered_checkpoints
 def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
-    mlflow_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
+    registry_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
 ):
     """``registered_run`` (tracking/conftest.py): 12 steps, tracked, its checkpoints and final student registered."""
     from mlflow import MlflowClient
@@ -48,7 +49,7 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
 
     from trainer.finetuning.finetune import FinetuneConfig, finetune
 
-    uri, run = mlflow_server.uri, registered_run
+    uri, run = registry_server.uri, registered_run
     client = MlflowClient(uri)
     (tracked,) = client.search_runs([client.get_experiment_by_name(REGISTERED_EXPERIMENT).experiment_id])
     run_id = tracked.info.run_id

@@ -166,16 +166,20 @@ def versions_by_step(client, name: str) -> dict[int, list]:
 
 @pytest.mark.full
 @pytest.mark.integration
+@pytest.mark.parametrize("registry_server", ["sqlite", "team"], indirect=True)
 def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
-    mlflow_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path
+    registry_server, registered_run, trainer_cli, tiny_teacher_dir, tiny_dataset_dir, tmp_path, monkeypatch, request
 ):
-    """``registered_run`` (tracking/conftest.py): 12 steps, a checkpoint and a registered version every 3."""
+    """``registered_run`` (tracking/conftest.py): 12 steps, a checkpoint and a registered version every 3; tracked
+    by a SQLite server with local artifacts, and by a team's (PostgreSQL, S3, basic auth: launch/mlflow-server.sh)."""
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM
 
     from trainer.commands.export import export
 
-    uri, name, run = mlflow_server.uri, REGISTERED_MODEL, registered_run
+    for variable, value in registry_server.client_env.items():  # the team's server: its service account
+        monkeypatch.setenv(variable, value)
+    uri, name, run = registry_server.uri, REGISTERED_MODEL, registered_run
     client = MlflowClient(uri)
     (tracked,) = client.search_runs([client.get_experiment_by_name(REGISTERED_EXPERIMENT).experiment_id])
     assert tracked.info.status == "FINISHED"
@@ -207,6 +211,11 @@ def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
 
     final = AutoModelForMaskedLM.from_pretrained(run.output_dir / "student").state_dict()
     assert same(pull(f"models:/{name}@latest"), final)
+    if registry_server.artifacts.startswith("s3://"):  # the team's: the students' bytes are in the object store
+        bucket, prefix = registry_server.artifacts.removeprefix("s3://").split("/", 1)
+        listed = request.getfixturevalue("moto_server").client().get_paginator("list_objects_v2")
+        keys = [o["Key"] for page in listed.paginate(Bucket=bucket, Prefix=prefix) for o in page.get("Contents", [])]
+        assert sum(key.endswith(".safetensors") for key in keys) >= 4, keys
     # Step 9's checkpoint is still on disk (keep_last 2): its version holds exactly its student.
     checkpoints = run.output_dir / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000009", "step-00000012"]
@@ -217,7 +226,9 @@ def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
     assert not (run.output_dir / QUEUE_DIR).exists() or not pending_snapshots(run.output_dir / QUEUE_DIR)
 
     # The finished run relaunched: it resumes at its last step and registers nothing new.
-    again = Launch(tiny_teacher_dir, tiny_dataset_dir, run.output_dir, registered_settings(uri))
+    again = Launch(
+        tiny_teacher_dir, tiny_dataset_dir, run.output_dir, registered_settings(uri), registry_server.client_env
+    )
     assert "resumed from step 12" in again.wait()
     assert {s: len(v) for s, v in versions_by_step(client, name).items()} == {3: 1, 6: 1, 9: 1, 12: 1}
 

@@ -1,0 +1,326 @@
+"""docs/mlflow-server.md's load table: a sweep of N training runs registering checkpoints on one MLflow server at once.
+
+    python benchmarks/registry_load.py [--producers 8] [--versions 4] [--backends postgresql,sqlite]
+                                       [--out docs/mlflow/registry-load.json] [--docs docs/mlflow-server.md]
+    python benchmarks/registry_load.py --from-result --docs docs/mlflow-server.md   # render the committed file
+
+Each producer is a training run as the registry sees it: an MLflow run and the project's own
+:class:`~trainer.tracking.checkpoints.CheckpointRegistrar`, which is handed a checkpoint every ``--interval``
+seconds (hard links to one real DeepSpeed checkpoint of the tiny CPU distillation, made first, under that step's
+name) and registers them through its real worker processes (``python -m trainer register-checkpoints``:
+export, upload through the server, version, alias), then is closed as the end of training closes it. All
+producers register versions of one model, each moving its own alias. The server is started by
+launch/mlflow-server.sh with the same S3 store (moto's server), basic auth and workers for each backend:
+PostgreSQL, and SQLite for comparison. Afterwards every version is checked (each due step exactly once, its
+tags, in step order within its run, each alias on its run's last step): a loss or a duplicate fails the script.
+
+A version's latency is from the hand-over (``submit``) to the version's creation time on the server: it
+includes the worker's start (its imports), the export and the upload, as a training run sees it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "tests"))
+from benchmarks.suite_time import (  # noqa: E402
+    add_result_options,
+    made_by,
+    measured_or_committed,
+    provenance,
+    write_result,
+)
+
+MODEL = "sweep-student"
+USER = ("sweep", "sweep-password-1234")
+
+
+def make_checkpoint(work: Path) -> Path:
+    """One real checkpoint: the tiny CPU distillation (tests/helpers' teacher and dataset), 2 steps on 2 ranks."""
+    from helpers import (
+        SAMPLE_CORPUS,
+        TINY_DATASET_SETTINGS,
+        bert_tokenizer_dir,
+        build_dataset,
+        build_tiny_teacher,
+        finish_run,
+        launch_run,
+    )
+
+    teacher = build_tiny_teacher(work / "teacher", bert_tokenizer_dir())
+    data = build_dataset(work / "dataset", bert_tokenizer_dir(), SAMPLE_CORPUS, **TINY_DATASET_SETTINGS)
+    out = work / "run"
+    overrides = [
+        f"teacher={teacher}",
+        f"data={data}",
+        "max_steps=2",
+        "checkpoint.every_steps=2",
+        "mlflow.enabled=false",
+    ]
+    finish_run(launch_run("configs/tiny-cpu.yaml", out, *overrides), out, timeout=600)
+    return out / "checkpoints" / "step-00000002"
+
+
+def start_server(backend: str, work: Path, moto, stack: list, fault: str | None) -> tuple:
+    """launch/mlflow-server.sh on ``backend`` (postgresql or sqlite), artifacts in S3, basic auth; ``stack``
+    collects what to stop. Returns the server and what injects ``fault``: the PostgreSQL server for
+    ``pg-restart``, a cuttable proxy in front of S3 for ``s3-down``."""
+    from helpers import S3_CREDENTIALS, MlflowServer, PostgresServer, TcpProxy
+
+    name = f"{backend}-{fault}" if fault else backend
+    root = work / name
+    root.mkdir()
+    bucket = f"load-{name}"
+    moto.client().create_bucket(Bucket=bucket)
+    stores: dict[str, str] = {}
+    postgres = None
+    if backend == "postgresql":
+        postgres = PostgresServer()
+        stack.append(postgres.remove)
+        postgres.start()
+        stores = {"backend": postgres.create_database("mlflow"), "auth_db": postgres.create_database("mlflow_auth")}
+    proxy = TcpProxy(moto.port) if fault == "s3-down" else None
+    server = MlflowServer(
+        root,
+        app_name="basic-auth",
+        artifacts=f"s3://{bucket}/artifacts",
+        env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": proxy.url if proxy else moto.url},
+        workers=2,
+        **stores,
+    )
+    stack.append(server.stop)
+    server.start()
+    server.add_client_user(*USER)
+    return server, {"pg-restart": postgres, "s3-down": proxy, None: None}[fault]
+
+
+def inject(fault: str | None, target, at_s: float, outage_s: float, log: dict) -> None:
+    """``pg-restart``: ``pg_ctl restart -m fast`` (every connection cut) ``at_s`` into the load; ``s3-down``:
+    every connection to S3 cut and refused for ``outage_s``."""
+    if fault is None:
+        return
+    time.sleep(at_s)
+    log["at_s"] = at_s
+    began = time.monotonic()
+    if fault == "pg-restart":
+        target.restart()
+    else:
+        target.down()
+        time.sleep(outage_s)
+        target.restore()
+    log["down_s"] = round(time.monotonic() - began, 1)
+
+
+def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, args, submitted: dict) -> None:
+    """One training run's registrar: a checkpoint every ``args.interval`` s, then the end of training."""
+    from trainer.tracking.checkpoints import CheckpointRegistrar
+    from trainer.tracking.config import MlflowConfig
+
+    cfg = MlflowConfig(register_as=MODEL, register_checkpoints=True, checkpoint_alias=f"run{index}",
+                       retry_initial_s=1.0, retry_max_s=5.0)  # fmt: skip
+    run = SimpleNamespace(run_id=run_id, created=True, tracking_uri=uri)
+    out = root / f"run{index}"
+    registrar = CheckpointRegistrar(cfg, out, run, save_every_steps=1, max_steps=10**9)
+    for step in range(1, args.versions + 1):
+        made = out / "checkpoints" / f"step-{step:08d}"
+        shutil.copytree(checkpoint, made, copy_function=os.link)  # the trainer's save: here, links to one
+        submitted[run_id, step] = time.time()
+        registrar.submit(made, {"step": step, "samples": step * 8, "eval/loss": 1.0 / step})
+        time.sleep(args.interval)
+    registrar.close(args.finish_timeout)
+
+
+def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | None = None) -> dict:
+    """Start the server, run the producers at once (with ``fault`` injected mid-load), check every version, and
+    measure."""
+    from mlflow import MlflowClient
+
+    name = f"{backend}-{fault}" if fault else backend
+    stack: list = []
+    injected: dict = {}
+    try:
+        server, target = start_server(backend, work, moto, stack, fault)
+        os.environ.update(server.client_env)  # the registrars' workers sign in as the team's account
+        client = MlflowClient(server.uri)
+        experiment = client.create_experiment(f"load-{name}")
+        client.create_registered_model(MODEL)
+        runs = [client.create_run(experiment).info.run_id for _ in range(args.producers)]
+        submitted: dict[tuple[str, int], float] = {}
+        producers = [
+            threading.Thread(target=produce, args=(i, work / name, checkpoint, run_id, server.uri, args, submitted))
+            for i, run_id in enumerate(runs)
+        ]
+        faulty = threading.Thread(target=inject, args=(fault, target, args.fault_at, args.outage, injected))
+        began = time.time()
+        for thread in [*producers, faulty]:
+            thread.start()
+        for thread in [*producers, faulty]:
+            thread.join()
+        versions = client.search_model_versions(f"name = '{MODEL}'", max_results=10000)
+        problems = check(client, versions, runs, args.versions)
+        retries = sum(
+            (work / name / f"run{i}" / "registering.log").read_text().count("error: ") for i in range(len(runs))
+        )
+        for run_id in runs:
+            client.set_terminated(run_id)
+    finally:
+        for stop in reversed(stack):
+            stop()
+    latencies = sorted(int(v.creation_timestamp) / 1000 - submitted[v.run_id, int(v.tags["step"])] for v in versions)
+    ended = max(int(v.creation_timestamp) / 1000 for v in versions)
+    return {
+        "backend": backend,
+        "fault": {"kind": fault, **injected} if fault else None,
+        "producers": args.producers,
+        "versions_per_producer": args.versions,
+        "expected": args.producers * args.versions,
+        "registered": len(versions),
+        "problems": problems,
+        "failed_attempts": retries,
+        "seconds": round(ended - began, 2),
+        "registrations_per_s": round(len(versions) / (ended - began), 3),
+        "latency_s": {
+            "p50": round(statistics.median(latencies), 2),
+            "p95": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
+            "max": round(latencies[-1], 2),
+        },
+    }
+
+
+def check(client, versions: list, runs: list[str], per_run: int) -> list[str]:
+    """What is wrong with the registry after the load: lost or duplicated steps, tags, order, aliases."""
+    problems = []
+    for index, run_id in enumerate(runs):
+        mine = [v for v in versions if v.run_id == run_id]
+        steps = sorted(int(v.tags["step"]) for v in mine)
+        if steps != list(range(1, per_run + 1)):
+            problems.append(f"run{index}: steps {steps}, expected 1..{per_run} once each")
+            continue
+        by_step = sorted(mine, key=lambda v: int(v.tags["step"]))
+        if [int(v.version) for v in by_step] != sorted(int(v.version) for v in by_step):
+            problems.append(f"run{index}: versions not in step order")
+        if any(
+            v.tags.get("kind") != "checkpoint" or v.tags.get("samples") != str(8 * int(v.tags["step"])) for v in mine
+        ):
+            problems.append(f"run{index}: a version lacks its tags")
+        if client.get_model_version_by_alias(MODEL, f"run{index}").version != by_step[-1].version:
+            problems.append(f"run{index}: alias run{index} is not on step {per_run}")
+    return problems
+
+
+def fault_words(fault: dict | None) -> str:
+    if fault is None:
+        return "-"
+    if fault["kind"] == "pg-restart":
+        return f"`pg_ctl restart -m fast` at {fault['at_s']:g} s"
+    return f"S3 unreachable {fault['down_s']:.0f} s from {fault['at_s']:g} s"
+
+
+def table(result: dict) -> str:
+    rows = [
+        "| backend | fault mid-load | concurrent runs | versions | registered | lost or duplicated "
+        "| failed attempts (retried) | registrations/s | latency p50 (s) | p95 (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["loads"]:
+        rows.append(
+            f"| {r['backend']} | {fault_words(r.get('fault'))} | {r['producers']} | {r['expected']} | "
+            f"{r['registered']} | {len(r['problems'])} | "
+            f"{r['failed_attempts']} | {r['registrations_per_s']:.2f} | {r['latency_s']['p50']:.1f} | "
+            f"{r['latency_s']['p95']:.1f} |"
+        )
+    machine = result["machine"]
+    measured = [part["machine"] for part in result.get("parts", [])] or [machine]  # a merged file: each part's
+    averages = " and ".join(f"{m['load_average_at_end'][1]:.0f}" for m in measured)
+    load = f"load average {averages} over the last 5 minutes (shared with other jobs)"
+    setup = f"{result['server_workers']} server workers, a checkpoint every {result['interval_s']:g} s per run"
+    where = "the server, the stores and the runs on one machine"
+    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup, where)]
+    if "parts" in result:  # merged: each backend's own measurement
+        rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
+    return "\n".join(rows)
+
+
+def shown(path: Path) -> str:
+    """``path`` as the docs name it: from the repository's root when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--producers", type=int, default=8, help="concurrent training runs")
+    parser.add_argument("--versions", type=int, default=4, help="checkpoint versions each run registers")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between a run's checkpoints")
+    parser.add_argument("--finish-timeout", type=float, default=900.0, help="each registrar's wait at the end")
+    parser.add_argument("--backends", default="postgresql,sqlite")
+    parser.add_argument("--faults", default="", help="also on PostgreSQL, each its own load: pg-restart,s3-down")
+    parser.add_argument("--fault-at", type=float, default=15.0, help="seconds into the load a fault begins")
+    parser.add_argument("--outage", type=float, default=20.0, help="how long S3 stays unreachable (s3-down)")
+    parser.add_argument("--checkpoint", type=Path, help="a DeepSpeed checkpoint (default: made by a tiny run)")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="write --out from result files measured at the same "
+        "time, one backend each (side by side): their loads, each file's command and machine",
+    )
+    add_result_options(parser, REPO / "docs" / "mlflow" / "registry-load.json")
+    args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(path.read_text(encoding="utf-8")) for path in args.merge]
+        write_result(args.out, {
+            **provenance(" ".join(["python benchmarks/registry_load.py", *sys.argv[1:]])),
+            "result_file": shown(args.out),
+            "server_workers": parts[0]["server_workers"],
+            "interval_s": parts[0]["interval_s"],
+            "parts": [{key: part[key] for key in ("command", "commit", "dirty", "machine")} for part in parts],
+            "loads": [measured for part in parts for measured in part["loads"]],
+        })  # fmt: skip
+        args.from_result = True
+
+    def measure() -> dict:
+        from helpers import MotoServer
+
+        header = provenance(" ".join(["python benchmarks/registry_load.py", *sys.argv[1:]]))
+        with tempfile.TemporaryDirectory(prefix="registry-load-") as tmp:
+            work = Path(tmp)
+            checkpoint = args.checkpoint or make_checkpoint(work / "checkpoint")
+            moto = MotoServer(work / "moto.log")
+            try:
+                moto.start()
+                loads = [load(backend, work, checkpoint, moto, args) for backend in args.backends.split(",")]
+                faults = [fault for fault in args.faults.split(",") if fault]
+                loads += [load("postgresql", work, checkpoint, moto, args, fault) for fault in faults]
+            finally:
+                moto.stop()
+        return {
+            **header,
+            "result_file": shown(args.out),
+            "server_workers": 2,
+            "interval_s": args.interval,
+            "loads": loads,
+        }
+
+    result = measured_or_committed(args, measure, table, "registry-load")
+    print(table(result))
+    bad = [f"{r['backend']}: {p}" for r in result["loads"] for p in r["problems"]]
+    if bad:  # recorded in the result (SQLite's limit is a finding), and a failure of this script
+        print("error: the registry lost, duplicated or misordered versions:\n" + "\n".join(bad), file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
