@@ -203,6 +203,15 @@ def preprocess(
     return proc
 
 
+# A process run as a user without write access where file modes forbid it: root (as CI and these machines run
+# the suite) without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, whom a directory's mode binds as any user.
+WITHOUT_WRITE_ACCESS = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+]
+
+
 def preprocess_command(out_dir: Path, tokenizer_dir: Path, corpus: Path | list[Path], **overrides: object) -> list[str]:
     """``python -m preprocessing input=... tokenizer=... output=... KEY=VALUE ...`` (see :func:`build_dataset`)."""
     corpora = corpus if isinstance(corpus, list) else [corpus]

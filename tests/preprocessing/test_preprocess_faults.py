@@ -69,12 +69,18 @@ def number(text: str) -> int:
 
 
 def preprocess_until_exit(
-    out: Path, tokenizer: Path, corpus: Path, inject: Callable[[], None] | None = None, **overrides: object
+    out: Path,
+    tokenizer: Path,
+    corpus: Path,
+    inject: Callable[[], None] | None = None,
+    as_user: tuple[str, ...] | list[str] = (),
+    **overrides: object,
 ) -> Outcome:
-    """The command, to its exit; ``inject`` runs meanwhile (it waits for its moment, then does the fault). Its
-    stderr must hold one line besides progress lines, no traceback, and its stdout nothing."""
+    """The command (run through ``as_user``'s prefix, if any), to its exit; ``inject`` runs meanwhile (it waits for
+    its moment, then does the fault). Its stderr must hold one line besides progress lines, no traceback, and its
+    stdout nothing."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = preprocess_command(out, tokenizer, corpus, **overrides)
+    command = [*as_user, *preprocess_command(out, tokenizer, corpus, **overrides)]
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -353,3 +359,20 @@ def test_an_output_remounted_read_only_is_one_line_and_says_what_is_left(
         recovery_s=None,
         steps_redone=None,
     )
+
+
+def test_a_user_without_write_access_is_refused_before_any_work(
+    tmp_path: Path, bert_tokenizer_dir: Path, corpora: dict[str, Path]
+) -> None:
+    """output= under a directory this user may not write (mode 0555; the command run without root's override of
+    file modes, :data:`helpers.WITHOUT_WRITE_ACCESS`): refused at the start in one line naming the path and the
+    cause, exit status 2, nothing written."""
+    from helpers import WITHOUT_WRITE_ACCESS
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    out = locked / "dataset"
+    outcome = preprocess_until_exit(out, bert_tokenizer_dir, corpora["small"], as_user=WITHOUT_WRITE_ACCESS)
+    assert outcome.code == 2
+    assert outcome.line == f"error: output: cannot write to '{out}': [Errno 13] Permission denied: '{out}'"
+    assert list(locked.iterdir()) == [] and outcome.seconds < 30

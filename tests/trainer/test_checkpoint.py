@@ -287,3 +287,30 @@ def test_a_failed_save_leaves_no_partial_checkpoint_whether_killed_refused_or_ou
         recovery_s=None,
         steps_redone=None,
     )
+
+
+def test_a_user_without_write_access_to_output_dir_is_refused_at_the_start_in_one_line(tmp_path: Path) -> None:
+    """output_dir under a directory this user may not write (mode 0555), checked by a process without root's
+    override of file modes (:data:`helpers.WITHOUT_WRITE_ACCESS`): the start check's one line, exit status 2."""
+    from helpers import REPO, WITHOUT_WRITE_ACCESS
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    check = (
+        "import sys; from common.cli import run_cli; from trainer.runtime.checkpoint import Checkpointer\n"
+        "checkpoints = Checkpointer(sys.argv[1], every_steps=5, keep_last=2, is_main=True)\n"
+        "raise SystemExit(run_cli(lambda argv: checkpoints.check_room(10**6, 10**6), []))"
+    )
+    done = subprocess.run(
+        [*WITHOUT_WRITE_ACCESS, sys.executable, "-c", check, str(locked / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"error: output_dir: cannot write into {locked / 'run'}: permission denied; make it writable by this user "
+        "(a read-only mount?) or set output_dir to a directory that is"
+    )
+    assert list(locked.iterdir()) == []
