@@ -72,11 +72,14 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
     suite = json.loads((out / "suite.json").read_text())
     teacher, student_entry = suite["models"]
     assert list(suite["tasks"]) == ["debian-section"] and suite["tasks"]["debian-section"]["train_size"] == 32
+    # A share only of a teacher above chance: at this reduced size (32 examples, 2 steps, every model's pooler and
+    # head new) the teacher may not be, and the line then says n/a, as the suite's report does.
+    share = r"-?[\d.]+%" if teacher["skill"] > 0 else "n/a"
     side_by_side = (
         r"^Student vs teacher \(all-MiniLM-L6-v2\), fine-tuned alike: debian-section \(accuracy, 32 training "
         rf"examples\): student {student_entry['tasks']['debian-section']['mean']:.3f} \| teacher "
         rf"{teacher['tasks']['debian-section']['mean']:.3f} \| chance {suite['tasks']['debian-section']['chance']:.3f} "
-        r"\| the student keeps -?[\d.]+% of the teacher's skill above chance$"
+        rf"\| the student keeps {share} of the teacher's skill above chance$"
     )
     assert re.search(side_by_side, proc.stdout, re.MULTILINE), proc.stdout[-2000:]
 
