@@ -595,7 +595,9 @@ class PostgresServer:
         self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
 
     def restart(self) -> None:
-        self.pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "restart")
+        """``pg_ctl restart -m fast`` (the options of ``start`` are kept in postmaster.opts). ``-l`` matters: without
+        it the new server writes to pg_ctl's captured stdout and ``pg`` waits for that pipe to close, for ever."""
+        self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", "fast", "-w", "restart")
 
     def create_database(self, name: str) -> str:
         """A new database; returns its URI."""

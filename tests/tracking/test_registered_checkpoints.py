@@ -227,7 +227,11 @@ def test_each_due_checkpoint_becomes_a_tagged_version_and_the_newest_is_latest(
 
     # The finished run relaunched: it resumes at its last step and registers nothing new.
     again = Launch(
-        tiny_teacher_dir, tiny_dataset_dir, run.output_dir, registered_settings(uri), registry_server.client_env
+        tiny_teacher_dir,
+        tiny_dataset_dir,
+        run.output_dir,
+        registered_settings(registry_server),
+        registry_server.client_env,
     )
     assert "resumed from step 12" in again.wait()
     assert {s: len(v) for s, v in versions_by_step(client, name).items()} == {3: 1, 6: 1, 9: 1, 12: 1}

@@ -117,10 +117,8 @@ def log_student(model: Any, client: Any, run_id: str | None, name: str, task: st
             step=int(tags.get("step", 0)),
         )
     finally:
-        if run_id:
-            mlflow.end_run()
-            if status != "FINISHED":
-                client.update_run(run_id, status=status)
+        if run_id:  # one request: ending, then setting it back, let a reader see a training run FINISHED between
+            mlflow.end_run(status=status)
     return info.model_uri
 
 
