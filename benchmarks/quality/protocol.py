@@ -34,7 +34,6 @@ from trainer.evaluation import suite_statistics as stats  # noqa: E402
 from trainer.evaluation.suite import SuiteConfig, expand, labels_of_test, load_tasks  # noqa: E402
 
 KEYS = {"study", "question", "family", "scale", "variants", "distillation_seeds", "suite", "comparisons", "decision"}
-UNTRAINED = {"f", "f4"}  # copied layers, no training: every seed gives the same student, so one is run
 SEED_SUFFIX = re.compile(r"-s(\d+)$")
 
 
@@ -55,16 +54,6 @@ def load(path: Path) -> dict[str, Any]:
     require(protocol["decision"] == {"level": protocol["decision"]["level"], "correction": "holm"}, "decision")
     SuiteConfig(models=["unused"], **protocol["suite"]).validate()  # the suite's own checks, by its own names
     return protocol
-
-
-def run_names(protocol: dict[str, Any]) -> dict[str, list[str]]:
-    """Each variant's training runs: ``FAMILY-VARIANT`` for the first seed, ``FAMILY-VARIANT-sSEED`` for the
-    others (an untrained variant: one run)."""
-    family, seeds = protocol["family"], protocol["distillation_seeds"]
-    return {
-        v: [f"{family}-{v}" + (f"-s{s}" if i else "") for i, s in enumerate(seeds[: 1 if v in UNTRAINED else None])]
-        for v in protocol["variants"]
-    }
 
 
 def variant_of(run: str, family: str) -> str:
