@@ -1,7 +1,7 @@
 """End-to-end training throughput through the real engine and loader, and the naive step side by side.
 
     python benchmarks/gpu/train_throughput.py OUTDIR [--parts cases,steps] [--only NAME,...] [--data .gpu] [--quick]
-        [--append] [--deadline UNIX_SECONDS]
+        [--deadline UNIX_SECONDS]
 
 Each case is a real run, ``python launch/run.sh PRESET ...`` (the DeepSpeed engine, the WebDataset
 loader over real shards made by the preprocessing pipeline, masking, the Distiller, checkpointing and
@@ -22,11 +22,10 @@ Then ``benchmarks/distill_step.py`` times this project's bare step and the naive
 over the usual way. Results go to OUTDIR/throughput.json and OUTDIR/throughput.md,
 rewritten after every case, so a run cut short still returns what it measured.
 
-``--append`` continues OUTDIR/throughput.json: what it holds is kept and not measured again (except what a
-deadline stopped or what failed: :func:`settled`), so calls that each get a few minutes of a GPU add up to
-one report. ``--deadline`` (Unix time) starts nothing with less than ``MIN_START_S`` left and stops what
-runs at the deadline; a stopped case is recorded as such and measured by the next ``--append`` call
-(``benchmarks/gpu/run.sh OUTDIR session`` drives both).
+``--deadline`` (Unix time) starts nothing with less than ``MIN_START_S`` left (named in the report's
+``not_started``) and stops what runs at the deadline, recorded as such (``benchmarks/gpu/next.py`` gives each
+item's runs its call's deadline; an item with a stopped or unstarted run is not answered, and a later call
+measures it again).
 
 ``--quick`` is the CPU dry run: a 12-layer, 96-wide teacher, the 128-token data, micro-batches of 2
 and a few steps; every code path runs, no figure means anything.
@@ -47,7 +46,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu.forget import LOSSES, SDPA
 from benchmarks.step_floor import floor_markdown
 from common.atomic import write_text_atomically
 from common.config import load_config
@@ -60,7 +58,7 @@ REPO = Path(__file__).resolve().parents[2]
 H100_BF16_DENSE = 989e12  # FLOP/s, the datasheet figure the issue measures MFU against
 CASE_TIMEOUT = 420
 MIN_START_S = 45  # with less time to the deadline, a case or step is not started (process start alone is ~20 s)
-STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short: measured again by the next call
+STOPPED = "stopped at the deadline"  # the rc of what the deadline cut short
 # The bare steps compared, by name (--only takes these too): the project's step as trained (fused AdamW on
 # CUDA), which also profiles a few steps after timing them (where the time goes, before anything is optimised),
 # the naive reference step, the compiled step (does compile pay, now that the encoders' masks stay eager), and
@@ -114,15 +112,6 @@ def timed_out(timeout: float) -> str:
     return "timeout" if timeout >= CASE_TIMEOUT else STOPPED
 
 
-def settled(result: dict[str, Any]) -> bool:
-    """Whether ``--append`` keeps a recorded result instead of measuring it again: not what the deadline
-    stopped, nor what failed (usually code, mended between two calls of a session, and seconds to retry),
-    but what ran out its own ``CASE_TIMEOUT`` (which would cost as much again)."""
-    if result.get("rc") == STOPPED:
-        return False
-    return "error" not in result or result.get("rc") == "timeout"
-
-
 @dataclass
 class Case:
     name: str
@@ -138,12 +127,11 @@ class Case:
 
 
 def full_cases() -> list[Case]:
-    """The campaign, most telling first, since a session's device time may end before the list does (the next
-    call, or session, measures the rest). The first is the headline (``--only headline``): the issue's targets
-    are set at the distilbert-base preset at 512 tokens. Then what explains the engine's distance from the bare
-    step: single DeepSpeed settings changed, the engine's profile, larger micro-batches, compile. Then the two
-    small presets at 512, DistilBERT's 4096-sequence global batch through gradient accumulation, and the
-    128-token sweep."""
+    """The campaign, most telling first (``run.sh OUT cases`` runs them in this order). The first is the headline
+    (``--only headline``): the issue's targets are set at the distilbert-base preset at 512 tokens. Then what
+    explains the engine's distance from the bare step: single DeepSpeed settings changed, the engine's profile,
+    larger micro-batches, compile. Then the two small presets at 512, DistilBERT's 4096-sequence global batch
+    through gradient accumulation, and the 128-token sweep."""
     cases = [Case("distilbert-512-mb32", "distilbert-base", 512, 32)]
     # The headline with one or two settings changed, for ratios measured side by side (docs/log/benchmarks.md, "Why the
     # engine runs at half the bare step"): DeepSpeed's throughput timer back on (two device syncs a step, as
@@ -208,10 +196,10 @@ def profiled(case: Case) -> Case:
 def quick_cases() -> list[Case]:
     """The CPU dry run's cases: each code path of the campaign's cases once, at CPU size. The headline, its
     attention-dropout twin (the ratio ``--only attn0`` reports) and the compiled engine step under the profiler
-    (``fair``'s ``compiled-profiled``: compile=true and profile.steps through the engine in one run). What the
-    other GPU cases change is a setting of the trainer, tested there (tests/trainer/test_launcher.py: compile,
-    eager profiles, accumulation; each preset's objective: tests/gpu's dry run); each full case's config is
-    validated and planned by tests/test_gpu_campaign.py."""
+    (the ``compiled-floor`` item's ``compiled-profiled``: compile=true and profile.steps through the engine in one
+    run). What the other GPU cases change is a setting of the trainer, tested there
+    (tests/trainer/test_launcher.py: compile, eager profiles, accumulation; each preset's objective: tests/gpu's
+    dry run); each full case's config is validated and planned by tests/test_gpu_campaign.py."""
     cases = [Case("distilbert-128-mb2", "distilbert-base", 128, 2, steps=4, log_every=2)]
     cases += [attention_dropout_off(cases[0])]
     quick = {"steps": 5, "log_every": 2, "overrides": COMPILE}
@@ -269,7 +257,7 @@ def planned(case: Case, overrides: list[str]) -> dict[str, float]:
         "flops_per_token": sized["flops_per_token"]["total"],
         "planned_activation_gib": sized["activation_gib"],
         "planned_gib": sized["memory_gib"]["total"],
-        "vocab_multiple": cfg.objective.vocab_multiple,  # the decoder's padding: the table names a mix of two
+        "vocab_multiple": cfg.objective.vocab_multiple,  # the decoder's padding the case ran
     }
 
 
@@ -360,41 +348,6 @@ def step_command(variant: str, teacher_config: Path, tokenizer: Path, data: Path
     return [*base, *STEP_VARIANTS[variant]]
 
 
-def sdpa_markdown(sdpa: dict[str, Any]) -> list[str]:
-    if "error" in sdpa:
-        return ["", "Attention kernels by head size (benchmarks/sdpa_backends.py): error"]
-    lines = [
-        "",
-        f"Attention kernels by head size (benchmarks/sdpa_backends.py, {sdpa['batch']} x {sdpa['seq_len']}, bf16):",
-        "",
-        "| encoders | heads x size | dropout | flash | cudnn | efficient | math | chosen | peak GiB |",
-        "|---" * 9 + "|",
-    ]
-    for r in sdpa["shapes"]:
-        backends = " | ".join(r.get(name, "-") for name in ("flash", "cudnn", "efficient", "math"))
-        peak = f"{r['peak_gib_above_inputs']:.2f}" if "peak_gib_above_inputs" in r else "-"
-        lines.append(
-            f"| {', '.join(r['encoders'])} | {r['heads']} x {r['head_size']} | {r['dropout']} | {backends} "
-            f"| {r['chosen']} | {peak} |"
-        )
-    lines += [
-        "",
-        "Their rates, TFLOP/s of `plan`'s attention FLOPs, forward alone (no_grad, as the teacher runs it) / "
-        "forward and backward (as the student does); `auto` is PyTorch's own choice:",
-        "",
-        "| encoders | heads x size | dropout | flash | cudnn | efficient | math | auto |",
-        "|---" * 8 + "|",
-    ]
-    for r in sdpa["shapes"]:
-        rates = r.get("timings", {})
-        cells = " | ".join(
-            f"{rates[name]['forward_tflops']:.1f} / {rates[name]['train_tflops']:.1f}" if name in rates else "-"
-            for name in ("flash", "cudnn", "efficient", "math", "auto")
-        )
-        lines.append(f"| {', '.join(r['encoders'])} | {r['heads']} x {r['head_size']} | {r['dropout']} | {cells} |")
-    return lines
-
-
 def plain(value: Any) -> str:
     """A table cell: the value, '-' where there is none, 'error' where measuring it failed."""
     if isinstance(value, dict) and "error" in value:
@@ -428,21 +381,6 @@ def memory_markdown(steps: list[dict[str, Any]]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training throughput on {report['device']}", "", report["versions"]]
-    # a session continued from an earlier one's files (GPU_CAMPAIGN_FROM) on another kind of GPU
-    elsewhere = [
-        f"{r['name']} ({r['device']})"
-        for r in report["cases"] + report["steps"]
-        if r.get("device", report["device"]) != report["device"]
-    ]
-    if elsewhere:
-        lines += ["", f"Measured on another device, in an earlier session: {', '.join(elsewhere)}."]
-    # a continued session re-measures some cases after a change to the presets' decoder padding, and keeps the
-    # rest: a case recorded before it named its padding ran the vocabulary as it is (vocab_multiple 1)
-    padding = {r["name"]: r.get("vocab_multiple", 1) for r in report["cases"]}
-    if len(set(padding.values())) > 1:
-        for multiple in sorted(set(padding.values())):
-            names = ", ".join(name for name, m in padding.items() if m == multiple)
-            lines += ["", f"Decoder vocabulary padded to a multiple of {multiple} (objective.vocab_multiple): {names}."]
     if report["cases"]:
         header = "| case | seq | micro | global | tokens/s | spread | MFU | peak GiB | planned GiB | planned act. GiB "
         header += "| data wait | rc |"
@@ -483,30 +421,6 @@ def markdown(report: dict[str, Any]) -> str:
         peer = next(r.get("peer") or {} for r in report["steps"] if r["name"] == "peer")
         name = f"{peer.get('library', 'peer')} {peer.get('version', '')}".strip()
         lines += ["", f"Project step / real peer step ({name}) tokens/s: **{report['peer_ratio']:.2f}x**"]
-    losses = report.get("losses")
-    if losses and "error" in losses:
-        lines += ["", "Output losses, eager vs compiled (benchmarks/losses.py): error"]
-    elif losses:
-        lines += [
-            "",
-            f"Output losses alone (benchmarks/losses.py, logits {losses['shapes']['logits']}, hidden "
-            f"{losses['shapes']['hidden']}, {losses['shapes']['dtype']}), forward + backward: eager "
-            f"{losses['eager_ms']:.2f} ms, compiled {losses['compiled_ms']:.2f} ms "
-            f"(**{losses['eager_over_compiled']:.2f}x**); max |gradient difference| "
-            f"{losses['max_grad_difference']:.1e}",
-        ]
-        if decoder := losses.get("decoder"):
-            lines += [
-                "",
-                f"The decoder's matmuls at those {decoder['positions']} positions (teacher forward, student forward "
-                f"and backward): vocabulary {decoder['vocab']} as is {decoder['as_is_ms']:.2f} ms "
-                f"({decoder['as_is_tflops']:.0f} TFLOP/s), padded to {decoder['padded_vocab']} per call "
-                f"{decoder['padded_ms']:.2f} ms (**{decoder['as_is_over_padded']:.2f}x**), {decoder['padded_vocab']} "
-                f"natively {decoder['native_ms']:.2f} ms; max |logit difference| "
-                f"{decoder['max_logit_difference']:.1e}",
-            ]
-    if report.get("sdpa"):
-        lines += sdpa_markdown(report["sdpa"])
     lines += memory_markdown(report["steps"])
     if report.get("not_started"):
         lines += ["", f"Not started, too close to the deadline: {', '.join(report['not_started'])}."]
@@ -540,7 +454,6 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the CPU dry run")
     parser.add_argument("--parts", default="cases,steps", help="cases (training runs), steps (bare step comparison)")
     parser.add_argument("--only", default=None, help="comma-separated case and step names (default: all)")
-    parser.add_argument("--append", action="store_true", help="continue OUTDIR/throughput.json")
     parser.add_argument("--deadline", type=float, default=None, help="Unix time by which to have stopped")
     args = parser.parse_args()
     import torch
@@ -558,18 +471,6 @@ def main() -> int:
 
     versions = f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}"
     report: dict[str, Any] = {"device": device, "versions": versions, "peak_flops": peak, "cases": [], "steps": []}
-    previous = args.outdir / "throughput.json"
-    if args.append and previous.is_file():
-        kept = json.loads(previous.read_text())
-        for r in kept["cases"]:  # cases recorded before they named their device were measured on the report's
-            r.setdefault("device", kept["device"])
-        report["cases"] = [r for r in kept["cases"] if settled(r)]
-        report["steps"] = [r for r in kept["steps"] if settled(r)]
-        for item in (LOSSES, SDPA):
-            if kept.get(item) and settled(kept[item]):
-                report[item] = kept[item]
-    done = {r["name"] for r in report["cases"] + report["steps"]}
-    done |= {item for item in (LOSSES, SDPA) if report.get(item)}
     only = None if args.only is None else set(args.only.split(","))
     parts = set(args.parts.split(","))
     cases = quick_cases() if args.quick else full_cases()
@@ -584,7 +485,7 @@ def main() -> int:
         only |= {name for case in cases if case.name.endswith(ATTN0) for name in (case.name, case.name[: -len(ATTN0)])}
 
     def wanted(name: str, part: str) -> bool:
-        return part in parts and name not in done and (only is None or name in only)
+        return part in parts and (only is None or name in only)
 
     def time_left() -> float:
         """Seconds an item may run: CASE_TIMEOUT, or less before the deadline (0: do not start it)."""
@@ -628,7 +529,7 @@ def main() -> int:
         if timeout := may_start(name, "steps"):
             command = step_command(name, teacher_config, tokenizer, data, args.quick)
             record("steps", {"name": name, "args": extra, **json_result(command, timeout)})
-    report["not_started"] = skipped  # by this call: the next --append call measures them
+    report["not_started"] = skipped  # too close to the deadline
     save()
     print(markdown(report))
     return 0
