@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU campaign on a bare, offline GPU machine:
-#   bash benchmarks/gpu/run.sh OUTDIR [next|tests|cases|steps|all]
+#   bash benchmarks/gpu/run.sh OUTDIR [next|tests]
 #
 #   next        (the default) the one command of every draw: the open questions of benchmarks/gpu/items.json, most
 #               telling first, each started only if its estimate fits the time left to the deadline
@@ -8,23 +8,18 @@
 #               each answer written into OUTDIR as NAME.json the moment it is complete (benchmarks/gpu/next.py);
 #               what docs/gpu-campaign/next/ holds is answered and skipped. OUTDIR: versions.txt, next.log, next.md
 #               and the answers. Nothing is kept on the machine.
+#   tests       pytest -m gpu tests/gpu: ZeRO-1/2/3 in bf16, fp16 overflow skipping, ZeRO-2 CPU offload,
+#               kill-and-resume, fill-mask on the GPU, no host sync in masking/forward/backward; OUTDIR:
+#               versions.txt, tests.log, tests.xml
 #
 # Needs .gpu/ from this repository's `make gpu-wheels gpu-data` (carried to the machine): it installs
-# .gpu/wheels (deepspeed, webdataset, ...) into /tmp/site without any index, prints the versions, then
-#   tests       pytest -m gpu tests/gpu: ZeRO-1/2/3 in bf16, fp16 overflow skipping, ZeRO-2 CPU offload,
-#               kill-and-resume, fill-mask on the GPU, no host sync in masking/forward/backward
-#   cases       benchmarks/gpu/train_throughput.py --parts cases: the real engine and loader, presets x sequence
-#               length x micro-batch, MFU, peak memory, data wait, the 4096 global batch
-#   steps       benchmarks/gpu/train_throughput.py --parts steps: the bare step (fused AdamW on/off, compiled),
-#               the naive reference step and the real peer's (TextBrewer, carried as a wheel) side by side
-#   all         the three in one go, for a machine without a time limit
-# tests, cases, steps and all write versions.txt, tests.log, tests.xml, throughput.log, throughput.json,
-# throughput.md and summary.md into OUTDIR. docs/gpu-machine.md.
+# .gpu/wheels (deepspeed, webdataset, ...) into /tmp/site without any index and prints the versions first.
+# docs/gpu-machine.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [next|tests|cases|steps|all]}
+OUTDIR=${1:?usage: benchmarks/gpu/run.sh OUTDIR [next|tests]}
 MODE=${2:-next}
-case $MODE in next | tests | cases | steps | all) ;; *) echo "unknown mode $MODE (next|tests|cases|steps|all)"; exit 2 ;; esac
+case $MODE in next | tests) ;; *) echo "unknown mode $MODE (next|tests)"; exit 2 ;; esac
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 DEADLINE=$(($(date +%s) + ${GPU_RUN_BUDGET_S:-540}))
@@ -64,32 +59,6 @@ if [ "$MODE" = next ]; then  # its own report (next.md), rewritten after every i
     exit "${PIPESTATUS[0]}"
 fi
 
-status=0
-tests() {
-    echo "=== GPU tests (pytest -m gpu tests/gpu) ==="
-    "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-}
-
-throughput() {  # throughput PARTS: train_throughput.py's cases, steps or both, into OUTDIR
-    echo "=== throughput: $1 (benchmarks/gpu/train_throughput.py) ===" | tee -a "$OUTDIR/throughput.log"
-    # THROUGHPUT_ARGS: e.g. "--only distilbert-512-mb32" to repeat one case, or "--quick --work DIR" on CPU
-    "$PY" benchmarks/gpu/train_throughput.py "$OUTDIR" --data "$INPUTS" --parts "$1" ${THROUGHPUT_ARGS:-} 2>&1 \
-        | tee -a "$OUTDIR/throughput.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-}
-
-case $MODE in
-    tests) tests ;;
-    cases | steps) throughput "$MODE" ;;
-    all)
-        tests
-        throughput cases,steps
-        ;;
-esac
-{
-    echo "# GPU campaign ($MODE), exit $status, this call $SECONDS s"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUTDIR/tests.log" 2>/dev/null | tail -20
-    cat "$OUTDIR/throughput.md" 2>/dev/null
-} | tee "$OUTDIR/summary.md"
-exit $status
+echo "=== GPU tests (pytest -m gpu tests/gpu) ==="
+"$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
+exit "${PIPESTATUS[0]}"
