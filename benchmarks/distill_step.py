@@ -2,7 +2,7 @@
 
     python benchmarks/distill_step.py CONFIG.yaml [key=value ...] [--seq-len 128] [--steps 20]
         [--warmup 3] [--device auto|cpu|cuda] [--peak-tflops T] [--random-weights] [--tokenizer DIR]
-        [--step project|naive|peer] [--no-fused-adamw] [--compile] [--profile-steps N] [--memory] [--floor] [--json]
+        [--step project|naive|peer] [--window N] [--compile] [--profile-steps N] [--floor] [--json]
 
 A step is what one rank does per micro-batch, without DeepSpeed: dynamic masking on the device,
 the Distiller's forward (teacher forward + student forward with the config's objective) and
@@ -30,10 +30,6 @@ norms and activations, optimizer, copies, other), the top ops and, on CUDA, the 
 share of wall time the GPU was busy. Measured before anything is optimised (issue 15: "measure
 first"); it runs after the timed steps, so it does not slow the figures above.
 
-``--memory`` then runs one more step with its tensors tracked (:class:`PeakSites`): its peak beside
-what ``plan`` counts and, on CUDA, what the allocator saw, and the ops and lines that held the most
-at the peak. For a preset whose measured peak the plan misses (``tinybert-4l-312``), it says where.
-
 ``--floor`` then measures the device's two ceilings (a large matmul's FLOP/s, a large copy's bytes/s) and
 reports the step's floor against them (``benchmarks/step_floor.py``: every op at the longer of its FLOPs'
 and its bytes' time, by category), beside the profile's measured time per category where there is one.
@@ -57,7 +53,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -76,24 +71,10 @@ from common.cli import run_cli, split_config_args
 from common.config import ConfigError, load_config
 from common.tokenizer import load_tokenizer
 from trainer.config import TrainConfig
-from trainer.modeling import (
-    base_config,
-    build_student,
-    load_teacher,
-    load_teacher_config,
-    model_from_config,
-    student_config,
-    training_dtype,
-)
+from trainer.modeling import build_student, load_teacher, load_teacher_config, model_from_config, training_dtype
 from trainer.objective.distiller import Distiller, validate_against_teacher
 from trainer.objective.masking import DynamicMasker, seeded_generator
-from trainer.planning.plan import (
-    LiveBytes,
-    dropping_gradients,
-    meta_distiller,
-    peak_activation_bytes,
-    step_flops_per_token,
-)
+from trainer.planning.plan import step_flops_per_token
 from trainer.runtime.profiling import profile_markdown, profiler_activities, summarize, synchronize
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched against the device name.
@@ -142,22 +123,6 @@ def ops_per_step(step: Any, i: int) -> int:
     return counter.ops
 
 
-TORCH_ROOT = str(Path(torch.__file__).parents[1]) + "/"
-REPO_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
-
-
-def issuer(frame: FrameType | None) -> str:
-    """``path:line function`` of the nearest frame outside torch, from ``frame`` outwards: the code that issued
-    the op being dispatched. On CUDA autograd runs the backward on a thread of its own, whose stack holds no frame
-    of ours at all (the second GPU campaign's bare steps failed on it where a CPU never goes)."""
-    while frame is not None and frame.f_code.co_filename.startswith(TORCH_ROOT + "torch/"):
-        frame = frame.f_back
-    if frame is None:
-        return "autograd engine thread (backward)"
-    path = frame.f_code.co_filename.removeprefix(TORCH_ROOT).removeprefix(REPO_ROOT)
-    return f"{path}:{frame.f_lineno} {frame.f_code.co_name}"
-
-
 def peer_version() -> dict[str, str]:
     import importlib.metadata
 
@@ -189,58 +154,6 @@ def secondary(measure: Any) -> Any:
     except Exception as err:  # any failure of a diagnostic is reported, never fatal to the timing
         traceback.print_exc()
         return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
-
-
-class PeakSites(LiveBytes):
-    """:class:`LiveBytes` that notes which op and which line made each storage, and keeps what was alive, by
-    site, at the peak: where a step's memory goes."""
-
-    def __init__(self, existing: list[torch.Tensor]) -> None:
-        super().__init__(existing)
-        self.sites: dict[int, tuple[str, int]] = {}
-        self.at_peak: dict[str, int] = {}
-
-    def made(self, key: int, nbytes: int, func: Any) -> None:
-        # frames: this method, LiveBytes.__torch_dispatch__, then torch's and the op's caller
-        self.sites[key] = (f"{func.__name__} <- {issuer(sys._getframe(2))}", nbytes)
-
-    def peaked(self) -> None:
-        self.at_peak = {}
-        for key in self.alive:
-            if key in self.sites:
-                site, nbytes = self.sites[key]
-                self.at_peak[site] = self.at_peak.get(site, 0) + nbytes
-
-
-def step_memory(
-    cfg: TrainConfig, distiller: Distiller, seq_len: int, forward_backward: Any, existing: list[torch.Tensor]
-) -> dict[str, Any]:
-    """One more masking + forward + backward, with its peak three ways: what ``plan`` counts for it on the meta
-    device, what :class:`PeakSites` tracks of its tensors, and (CUDA) what the allocator saw; and the sites
-    holding the most at the tracked peak. Where the device's peak exceeds the tracked one, the difference is
-    memory no tensor of the step owns: kernels' workspaces, the allocator's rounding. Gradients are dropped as
-    they are made, as ``plan`` counts them (ZeRO-1 and -2 move them into buckets, counted apart)."""
-    teacher_config = distiller.teacher.config
-    meta, _ = meta_distiller(cfg, teacher_config, student_config(cfg.student, base_config(cfg.student, teacher_config)))
-    planned = peak_activation_bytes(meta, cfg.micro_batch_size, cfg.masking.probability, seq_len)
-    device = existing[0].device
-    if device.type == "cuda":
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-    with dropping_gradients(distiller), PeakSites(existing) as sites:
-        forward_backward(0)
-    device_peak = None
-    if device.type == "cuda":
-        synchronize(device)
-        device_peak = (torch.cuda.max_memory_allocated(device) - before) / 2**30
-    top = sorted(sites.at_peak.items(), key=lambda item: -item[1])[:15]
-    return {
-        "planned_peak_gib": planned / 2**30,
-        "tracked_peak_gib": sites.peak / 2**30,
-        "device_peak_gib": device_peak,
-        "at_peak": [{"site": site, "gib": nbytes / 2**30} for site, nbytes in top],
-    }
 
 
 def synthetic_batch(tokenizer: Any, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
@@ -338,7 +251,7 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
             counts = load_token_counts(cfg.data)
         masker = DynamicMasker.from_tokenizer(cfg.masking, tokenizer, token_counts=counts, device=device)
         trainable = [p for p in distiller.parameters() if p.requires_grad]
-        optimizer = MasterWeights(trainable, cfg, fused=args.fused_adamw and device.type == "cuda")
+        optimizer = MasterWeights(trainable, cfg, fused=device.type == "cuda")
         batches = [b.to(device) for b in host_batches]
 
         def forward_backward(i: int) -> torch.Tensor:
@@ -403,19 +316,13 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     elif args.floor:  # the profile's time per category beside its floor, where this run profiled
         measured = profiled["categories_ms_per_step"] if profiled and "error" not in profiled else None
         floor = secondary(lambda: step_floor(cfg, args.seq_len, *ceilings(), peak, measured))
-    memory = None
-    if args.memory:  # after every other measurement: the tracking slows its one step
-        teacher_tensors = [*distiller.teacher.parameters(), *distiller.teacher.buffers()]
-        existing = [*distiller.parameters(), *distiller.buffers(), *teacher_tensors, *batches]
-        memory = secondary(lambda: step_memory(cfg, distiller, args.seq_len, forward_backward, existing))
-
     tokens_per_s = args.steps * cfg.micro_batch_size * args.seq_len / seconds
     return {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
         "step": args.step,
-        "fused_adamw": args.step == "project" and args.fused_adamw and device.type == "cuda",
+        "fused_adamw": args.step == "project" and device.type == "cuda",
         "compiled": args.compile and args.step == "project",
         "precision": cfg.deepspeed.precision,
         # how the teacher runs: the naive and peer steps under the same 16-bit dtype as the project's (issue 52)
@@ -448,7 +355,6 @@ def benchmark(cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
         "max_memory_gib": max_memory,
         "profile": profiled,
         "floor": floor,
-        "memory": memory,
     }
 
 
@@ -469,15 +375,9 @@ def main(argv: list[str]) -> int:
         choices=["project", "naive", "peer"],
         help="this project's step, the naive reference or the real peer (TextBrewer, installed)",
     )
-    parser.add_argument(
-        "--fused-adamw", action=argparse.BooleanOptionalAction, default=True, help="fused AdamW on CUDA (project step)"
-    )
     parser.add_argument("--compile", action="store_true", help="torch.compile student and teacher (project step)")
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="then profile this many steps: where the time goes"
-    )
-    parser.add_argument(
-        "--memory", action="store_true", help="then one step's peak memory: planned, tracked, on the device, by site"
     )
     parser.add_argument(
         "--floor", action="store_true", help="then the step's floor at this device's measured ceilings, by category"
@@ -486,8 +386,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.seq_len < 2 or args.profile_steps < 0:
         raise ConfigError("--steps must be >= 1, --seq-len >= 2 and --profile-steps >= 0")
-    if args.memory and (args.step != "project" or args.compile):
-        raise ConfigError("--memory: the project's eager step only (naive, peer and compile are not planned)")
     if args.floor and args.step != "project":
         raise ConfigError("--floor: the project's step only (the naive and peer steps' ops are not counted)")
     if args.compile and args.step != "project":
