@@ -135,7 +135,7 @@ def test_no_test_folder_is_named_like_a_package_it_could_hide() -> None:
 
 
 def test_the_commands_that_build_no_engine_import_no_deepspeed() -> None:
-    """Evaluation and fine-tuning run a model on one device: DeepSpeed's import (2-3 s, mlflow's included) is
+    """Evaluation and fine-tuning run a model on one device: DeepSpeed's import (~3 s of CPU) is
     paid only by training, `plan` (ZeRO's config) and `export` (ZeRO's checkpoints). The ablation runs these
     commands dozens of times; a type imported for a hint once put DeepSpeed back into each of them."""
     commands = ["evaluate_mlm", "evaluate_suite", "finetune", "task_distill"]  # and their role packages, whole
@@ -150,3 +150,18 @@ def test_the_commands_that_build_no_engine_import_no_deepspeed() -> None:
     proc = run_in_repo([sys.executable, "-c", code, *modules], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout[-2000:]
+
+
+def test_a_rank_imports_deepspeed_without_mlflow_and_mlflow_still_imports_when_tracking_asks() -> None:
+    """DeepSpeed's autotuner imports mlflow at ``import deepspeed`` (~1.9 s of CPU a process); trainer/__init__.py
+    refuses that one importer, so a rank or ``plan`` that tracks nothing never loads mlflow, and one that tracks
+    still can. Fails if the refusal stops working (a DeepSpeed that moves the probe) or reaches further."""
+    code = (
+        "import sys\nimport trainer.runtime.engine\nimport trainer.planning.plan\n"
+        "from deepspeed.autotuning import autotuner\n"
+        "print('mlflow' in sys.modules, autotuner.has_mlflow)\n"
+        "import mlflow\nfrom trainer.tracking.registry import log_student\nprint(mlflow.MlflowClient.__name__)\n"
+    )
+    proc = run_in_repo([sys.executable, "-c", code], {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "False", "MlflowClient"], proc.stdout
