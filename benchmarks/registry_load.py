@@ -312,11 +312,14 @@ def faults_table(result: dict) -> str:
     ]
     for r in result["loads"]:
         runs = r["runs"]
+        fault = fault_words(r["fault"])
+        if r["fault"]["at_s"] < min(run["training_s"] for run in runs):  # else in the end's wait for the queue
+            fault += ", while every run trained"
         during = "/".join(sorted({s for run in runs for s in run["status_while_training"]})) or "-"
         ended = "/".join(sorted({run["status_at_end"] for run in runs}))
         latency, end_wait = r["latency_s"], max(run["end_wait_s"] for run in runs)
         rows.append(
-            f"| {fault_words(r['fault'])} | {r['producers']} | {r['expected']} | {r['registered']} | "
+            f"| {fault} | {r['producers']} | {r['expected']} | {r['registered']} | "
             f"{len(r['problems'])} | {r['failed_attempts']} | {r['step_time_share_max']:.4%} | {during} / {ended} | "
             f"{latency['p50']:.0f} / {latency['p95']:.0f} | {end_wait:.0f} |"
         )
