@@ -14,6 +14,16 @@ launch/mlflow-server.sh with the same S3 store (moto's server), basic auth and w
 PostgreSQL, and SQLite for comparison. Afterwards every version is checked (each due step exactly once, its
 tags, in step order within its run, each alias on its run's last step): a loss or a duplicate fails the script.
 
+``--faults pg-restart,s3-down`` measures the same load on PostgreSQL under a fault instead, each its own load,
+for docs/mlflow-server.md's "Faults under load" table (``docs/mlflow/registry-faults.json``): ``pg-restart`` is
+``pg_ctl restart -m fast`` (every database connection cut), ``s3-down`` makes the store unreachable for
+``--outage`` seconds (the server reaches moto through a TCP proxy that then cuts and refuses every connection).
+Each begins as the ``--fault-after``-th version is registered: the producers start together, so their first
+registrations are then under way (a fault at a fixed time may fall while every worker is still importing).
+Besides the check above, per run: the failed attempts its registrar retried (``failed_attempts``), the time
+its training spent inside the registrar's calls (``submit``: the snapshot) against its training time, the
+statuses its run had while it trained (RUNNING only) and at its end (FINISHED), read from the server's database.
+
 A version's latency is from the hand-over (``submit``) to the version's creation time on the server: it
 includes the worker's start (its imports), the export and the upload, as a training run sees it.
 """
@@ -48,29 +58,19 @@ USER = ("sweep", "sweep-password-1234")
 
 
 def make_checkpoint(work: Path) -> Path:
-    """One real checkpoint: the tiny CPU distillation (tests/helpers' teacher and dataset), 2 steps on 2 ranks."""
+    """One real checkpoint: the tiny CPU distillation of tests/helpers' teacher and dataset, 2 steps on 2 ranks."""
     from helpers import (
         SAMPLE_CORPUS,
         TINY_DATASET_SETTINGS,
         bert_tokenizer_dir,
         build_dataset,
         build_tiny_teacher,
-        finish_run,
-        launch_run,
+        tiny_checkpoint,
     )
 
     teacher = build_tiny_teacher(work / "teacher", bert_tokenizer_dir())
     data = build_dataset(work / "dataset", bert_tokenizer_dir(), SAMPLE_CORPUS, **TINY_DATASET_SETTINGS)
-    out = work / "run"
-    overrides = [
-        f"teacher={teacher}",
-        f"data={data}",
-        "max_steps=2",
-        "checkpoint.every_steps=2",
-        "mlflow.enabled=false",
-    ]
-    finish_run(launch_run("configs/tiny-cpu.yaml", out, *overrides), out, timeout=600)
-    return out / "checkpoints" / "step-00000002"
+    return tiny_checkpoint(work / "run", teacher, data)
 
 
 def start_server(backend: str, work: Path, moto, stack: list, fault: str | None) -> tuple:
@@ -106,25 +106,31 @@ def start_server(backend: str, work: Path, moto, stack: list, fault: str | None)
     return server, {"pg-restart": postgres, "s3-down": proxy, None: None}[fault]
 
 
-def inject(fault: str | None, target, at_s: float, outage_s: float, log: dict) -> None:
-    """``pg-restart``: ``pg_ctl restart -m fast`` (every connection cut) ``at_s`` into the load; ``s3-down``:
-    every connection to S3 cut and refused for ``outage_s``."""
+def inject(fault: str | None, target, statuses, after: int, outage_s: float, began: float, log: dict) -> None:
+    """Once ``after`` versions are registered: ``pg-restart``, ``pg_ctl restart -m fast`` (every connection
+    cut); ``s3-down``, every connection to S3 cut and refused for ``outage_s``."""
     if fault is None:
         return
-    time.sleep(at_s)
-    log["at_s"] = at_s
-    began = time.monotonic()
+    while statuses.versions() < after:
+        time.sleep(0.5)
+    log.update(after_versions=after, at_s=round(time.time() - began, 1))
+    cut = time.monotonic()
     if fault == "pg-restart":
         target.restart()
     else:
         target.down()
         time.sleep(outage_s)
         target.restore()
-    log["down_s"] = round(time.monotonic() - began, 1)
+    log["down_s"] = round(time.monotonic() - cut, 1)
 
 
-def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, args, submitted: dict) -> None:
-    """One training run's registrar: a checkpoint every ``args.interval`` s, then the end of training."""
+def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, args, submitted: dict, statuses,
+            measured: dict) -> None:  # fmt: skip
+    """One training run's registrar: a checkpoint every ``args.interval`` s, then the end of training (the
+    registrar's wait for its queue, then the run ended FINISHED, as the trainer's tracker ends it). ``measured``
+    gets the run's time inside the registrar while training, its training time and its wait at the end."""
+    from mlflow import MlflowClient
+
     from trainer.tracking.checkpoints import CheckpointRegistrar
     from trainer.tracking.config import MlflowConfig
 
@@ -132,19 +138,29 @@ def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, arg
                        retry_initial_s=1.0, retry_max_s=5.0)  # fmt: skip
     run = SimpleNamespace(run_id=run_id, created=True, tracking_uri=uri)
     out = root / f"run{index}"
+    statuses.watch(run_id)
     registrar = CheckpointRegistrar(cfg, out, run, save_every_steps=1, max_steps=10**9)
+    inside = 0.0
+    training = time.perf_counter()
     for step in range(1, args.versions + 1):
         made = out / "checkpoints" / f"step-{step:08d}"
         shutil.copytree(checkpoint, made, copy_function=os.link)  # the trainer's save: here, links to one
         submitted[run_id, step] = time.time()
+        handed = time.perf_counter()
         registrar.submit(made, {"step": step, "samples": step * 8, "eval/loss": 1.0 / step})
+        inside += time.perf_counter() - handed
         time.sleep(args.interval)
+    ending = time.perf_counter()
     registrar.close(args.finish_timeout)
+    measured.update(in_registrar_s=inside, training_s=ending - training, end_wait_s=time.perf_counter() - ending)
+    statuses.unwatch(run_id)
+    MlflowClient(uri).set_terminated(run_id)
 
 
 def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | None = None) -> dict:
     """Start the server, run the producers at once (with ``fault`` injected mid-load), check every version, and
     measure."""
+    from helpers import RunStatuses, failed_attempts
     from mlflow import MlflowClient
 
     name = f"{backend}-{fault}" if fault else backend
@@ -153,28 +169,46 @@ def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | No
     try:
         server, target = start_server(backend, work, moto, stack, fault)
         os.environ.update(server.client_env)  # the registrars' workers sign in as the team's account
+        statuses = RunStatuses(server.backend)
+        stack.append(statuses.stop)
         client = MlflowClient(server.uri)
         experiment = client.create_experiment(f"load-{name}")
         client.create_registered_model(MODEL)
         runs = [client.create_run(experiment).info.run_id for _ in range(args.producers)]
         submitted: dict[tuple[str, int], float] = {}
+        measured: list[dict] = [{} for _ in runs]
+        began = time.time()
         producers = [
-            threading.Thread(target=produce, args=(i, work / name, checkpoint, run_id, server.uri, args, submitted))
+            threading.Thread(
+                target=produce,
+                args=(i, work / name, checkpoint, run_id, server.uri, args, submitted, statuses, measured[i]),
+            )
             for i, run_id in enumerate(runs)
         ]
-        faulty = threading.Thread(target=inject, args=(fault, target, args.fault_at, args.outage, injected))
-        began = time.time()
+        faulty = threading.Thread(
+            target=inject, args=(fault, target, statuses, args.fault_after, args.outage, began, injected)
+        )
         for thread in [*producers, faulty]:
             thread.start()
         for thread in [*producers, faulty]:
             thread.join()
         versions = client.search_model_versions(f"name = '{MODEL}'", max_results=10000)
-        problems = check(client, versions, runs, args.versions)
-        retries = sum(
-            (work / name / f"run{i}" / "registering.log").read_text().count("error: ") for i in range(len(runs))
-        )
-        for run_id in runs:
-            client.set_terminated(run_id)
+        per_run = [
+            {
+                "run": f"run{i}",
+                "registered": sum(v.run_id == run_id for v in versions),
+                "failed_attempts": failed_attempts(work / name / f"run{i}" / "registering.log"),
+                "in_registrar_s": round(measured[i]["in_registrar_s"], 4),
+                "training_s": round(measured[i]["training_s"], 2),
+                "step_time_share": measured[i]["in_registrar_s"] / measured[i]["training_s"],
+                "end_wait_s": round(measured[i]["end_wait_s"], 1),
+                "status_while_training": sorted(statuses.seen[run_id]),
+                "status_at_end": client.get_run(run_id).info.status,
+            }
+            for i, run_id in enumerate(runs)
+        ]
+        problems = check(client, versions, runs, args.versions) + status_problems(per_run)
+        status_reads = {"reads": statuses.reads, "failed": statuses.failed_reads}
     finally:
         for stop in reversed(stack):
             stop()
@@ -188,7 +222,10 @@ def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | No
         "expected": args.producers * args.versions,
         "registered": len(versions),
         "problems": problems,
-        "failed_attempts": retries,
+        "failed_attempts": sum(r["failed_attempts"] for r in per_run),
+        "step_time_share_max": max(r["step_time_share"] for r in per_run),
+        "status_reads": status_reads,
+        "runs": per_run,
         "seconds": round(ended - began, 2),
         "registrations_per_s": round(len(versions) / (ended - began), 3),
         "latency_s": {
@@ -220,12 +257,24 @@ def check(client, versions: list, runs: list[str], per_run: int) -> list[str]:
     return problems
 
 
+def status_problems(per_run: list[dict]) -> list[str]:
+    """A run that read other than RUNNING while it trained (a registration ended it), or did not end FINISHED."""
+    return [
+        f"{r['run']}: status {r['status_while_training']} while training, {r['status_at_end']} at its end"
+        for r in per_run
+        if r["status_while_training"] not in (["RUNNING"], []) or r["status_at_end"] != "FINISHED"
+    ]
+
+
 def fault_words(fault: dict | None) -> str:
     if fault is None:
         return "-"
+    when = f"at {fault['at_s']:g} s"
+    if "after_versions" in fault:
+        when += f", once version {fault['after_versions']} was in"
     if fault["kind"] == "pg-restart":
-        return f"`pg_ctl restart -m fast` at {fault['at_s']:g} s"
-    return f"S3 unreachable {fault['down_s']:.0f} s from {fault['at_s']:g} s"
+        return f"`pg_ctl restart -m fast` {when} (over in {fault['down_s']:.1f} s)"
+    return f"S3 unreachable for {fault['down_s']:.0f} s {when}"
 
 
 def table(result: dict) -> str:
@@ -253,6 +302,42 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def faults_table(result: dict) -> str:
+    """docs/mlflow-server.md's "Faults under load": each fault's load, its checks and what training saw."""
+    rows = [
+        "| fault mid-load | concurrent runs | versions | registered | lost, duplicated, misordered or untagged "
+        "| failed attempts (retried) | training time inside the registrar (max of runs) | run status while training "
+        "/ at its end | latency p50 / p95 (s) | end of training's wait for the queue, max (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in result["loads"]:
+        runs = r["runs"]
+        fault = fault_words(r["fault"])
+        if r["fault"]["at_s"] < min(run["training_s"] for run in runs):  # else in the end's wait for the queue
+            fault += ", while every run trained"
+        during = "/".join(sorted({s for run in runs for s in run["status_while_training"]})) or "-"
+        ended = "/".join(sorted({run["status_at_end"] for run in runs}))
+        latency, end_wait = r["latency_s"], max(run["end_wait_s"] for run in runs)
+        rows.append(
+            f"| {fault} | {r['producers']} | {r['expected']} | {r['registered']} | "
+            f"{len(r['problems'])} | {r['failed_attempts']} | {r['step_time_share_max']:.4%} | {during} / {ended} | "
+            f"{latency['p50']:.0f} / {latency['p95']:.0f} | {end_wait:.0f} |"
+        )
+    machine = result["machine"]
+    load = f"load average {machine['load_average_at_end'][1]:.0f} over the last 5 minutes (shared with other jobs)"
+    setup = (
+        f"PostgreSQL, S3 (moto) and basic auth, {result['server_workers']} server workers, a checkpoint every "
+        f"{result['interval_s']:g} s per run, the server, the stores and the runs on one machine"
+    )
+    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup)]
+    return "\n".join(rows)
+
+
+def is_faults(result: dict) -> bool:
+    """Whether ``result`` measured faults (``--faults``): its table is :func:`faults_table`."""
+    return all(r.get("fault") for r in result["loads"])
+
+
 def shown(path: Path) -> str:
     """``path`` as the docs name it: from the repository's root when inside it."""
     path = path.resolve()
@@ -266,8 +351,10 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a run's checkpoints")
     parser.add_argument("--finish-timeout", type=float, default=900.0, help="each registrar's wait at the end")
     parser.add_argument("--backends", default="postgresql,sqlite")
-    parser.add_argument("--faults", default="", help="also on PostgreSQL, each its own load: pg-restart,s3-down")
-    parser.add_argument("--fault-at", type=float, default=15.0, help="seconds into the load a fault begins")
+    parser.add_argument(
+        "--faults", default="", help="instead, each its own load on PostgreSQL: pg-restart,s3-down (module docstring)"
+    )
+    parser.add_argument("--fault-after", type=int, default=1, help="a fault begins once this many versions are in")
     parser.add_argument("--outage", type=float, default=20.0, help="how long S3 stays unreachable (s3-down)")
     parser.add_argument("--checkpoint", type=Path, help="a DeepSpeed checkpoint (default: made by a tiny run)")
     parser.add_argument(
@@ -277,8 +364,10 @@ def main() -> int:
         help="write --out from result files measured at the same "
         "time, one backend each (side by side): their loads, each file's command and machine",
     )
-    add_result_options(parser, REPO / "docs" / "mlflow" / "registry-load.json")
+    add_result_options(parser, None)
     args = parser.parse_args()
+    faults = [fault for fault in args.faults.split(",") if fault]
+    args.out = args.out or REPO / "docs" / "mlflow" / ("registry-faults.json" if faults else "registry-load.json")
     if args.merge:
         parts = [json.loads(path.read_text(encoding="utf-8")) for path in args.merge]
         write_result(args.out, {
@@ -301,9 +390,10 @@ def main() -> int:
             moto = MotoServer(work / "moto.log")
             try:
                 moto.start()
-                loads = [load(backend, work, checkpoint, moto, args) for backend in args.backends.split(",")]
-                faults = [fault for fault in args.faults.split(",") if fault]
-                loads += [load("postgresql", work, checkpoint, moto, args, fault) for fault in faults]
+                if faults:
+                    loads = [load("postgresql", work, checkpoint, moto, args, fault) for fault in faults]
+                else:
+                    loads = [load(backend, work, checkpoint, moto, args) for backend in args.backends.split(",")]
             finally:
                 moto.stop()
         return {
@@ -314,8 +404,11 @@ def main() -> int:
             "loads": loads,
         }
 
-    result = measured_or_committed(args, measure, table, "registry-load")
-    print(table(result))
+    committed = json.loads(args.out.read_text(encoding="utf-8")) if args.from_result else None
+    faulty = bool(faults) or (committed is not None and is_faults(committed))
+    render, marker = (faults_table, "registry-faults") if faulty else (table, "registry-load")
+    result = measured_or_committed(args, measure, render, marker)
+    print(render(result))
     bad = [f"{r['backend']}: {p}" for r in result["loads"] for p in r["problems"]]
     if bad:  # recorded in the result (SQLite's limit is a finding), and a failure of this script
         print("error: the registry lost, duplicated or misordered versions:\n" + "\n".join(bad), file=sys.stderr)

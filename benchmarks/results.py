@@ -1,6 +1,7 @@
 """The current answers, as tables generated from committed result files: README's one results table, the
 speed table opening docs/benchmarks.md, the ablation tables of docs/quality.md (and of the GPU ablation made before
-the dev/test protocol, in docs/log/quality.md) and its table of the evaluation suite's tasks.
+the dev/test protocol, in docs/log/quality.md), its table of the evaluation suite's tasks, and docs/mlflow-server.md's
+registry under load and under faults.
 
     python benchmarks/results.py            # re-render README.md, docs/benchmarks.md, docs/quality.md
     python benchmarks/results.py --check    # exit 1 if a page's table differs from what the files give, or a
@@ -35,6 +36,7 @@ CPU_ABLATION = Path("docs/quality/ablation-cpu-2026-11-29")
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
 REGISTRY_LOAD = Path("docs/mlflow/registry-load.json")  # benchmarks/registry_load.py
+REGISTRY_FAULTS = Path("docs/mlflow/registry-faults.json")  # benchmarks/registry_load.py --faults
 TASK_DISTILL = Path("docs/quality/task-distill.json")
 TASKS = Path("benchmarks/quality/tasks/tasks.json")  # the suite's task files, with each one's bag-of-words baseline
 SEPARATION = Path("docs/quality/suite-separation.json")  # MiniLM against bag-of-words on 500 train, with chance
@@ -277,13 +279,19 @@ def registry_load_table() -> str:
     return registry_load.table(load(REGISTRY_LOAD)) if (REPO / REGISTRY_LOAD).exists() else "Not measured yet."
 
 
+def registry_faults_table() -> str:
+    if not (REPO / REGISTRY_FAULTS).exists():
+        return "Not measured yet."
+    return registry_load.faults_table(load(REGISTRY_FAULTS))
+
+
 def demo_time_table() -> str:
     return demo_time.table(load(DEMO_TIME)) if (REPO / DEMO_TIME).exists() else "Not measured yet."
 
 
 PAGES = {
     "README.md": {"results": readme_table},
-    "docs/mlflow-server.md": {"registry-load": registry_load_table},
+    "docs/mlflow-server.md": {"registry-load": registry_load_table, "registry-faults": registry_faults_table},
     "docs/benchmarks.md": {"speed": speed_table, "demo-time": demo_time_table, "suite-time": suite_time_table},
     "docs/log/quality.md": {  # the GPU ablation made before the dev/test protocol: the record, still generated
         "ablation-bert": lambda: family_table("bert"),

@@ -280,6 +280,15 @@ def launch_run(
     return subprocess.Popen([*cmd, *overrides], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def tiny_checkpoint(output_dir: Path, teacher: Path, data: Path) -> Path:
+    """One real DeepSpeed checkpoint to hand to a registrar: the tiny CPU distillation (configs/tiny-cpu.yaml) of
+    ``teacher`` on ``data``, 2 steps on 2 ranks, untracked; its ``checkpoints/step-00000002``."""
+    overrides = [f"teacher={teacher}", f"data={data}", "max_steps=2", "checkpoint.every_steps=2"]
+    overrides.append("mlflow.enabled=false")
+    finish_run(launch_run("configs/tiny-cpu.yaml", output_dir, *overrides), output_dir, timeout=600)
+    return output_dir / "checkpoints" / "step-00000002"
+
+
 def console_log(output_dir: Path, log_name: str = "") -> Path:
     """A launched run's console: ``DIR.log``, or ``DIR.LOG_NAME.log``."""
     return output_dir.parent / ".".join(filter(None, (output_dir.name, log_name, "log")))
@@ -599,6 +608,15 @@ class PostgresServer:
         it the new server writes to pg_ctl's captured stdout and ``pg`` waits for that pipe to close, for ever."""
         self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", "fast", "-w", "restart")
 
+    @property
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: every connection cut, and none accepted until :meth:`start` (same port, same
+        data). The fault a test can time exactly, where a restart is over in a second."""
+        self.pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
     def create_database(self, name: str) -> str:
         """A new database; returns its URI."""
         import psycopg2
@@ -616,8 +634,8 @@ class PostgresServer:
 
     def remove(self) -> None:
         """Stop the server (if running) and delete its directory."""
-        if (self.data / "postmaster.pid").exists():
-            self.pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        if self.running:
+            self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -742,6 +760,79 @@ class TcpProxy:
                     sock.shutdown(socket.SHUT_RDWR)
             with self.lock:
                 self.open.discard(src)
+
+
+# ------------------------------------------------------------------ what a registry under load is checked for
+FAILED_REGISTRATION = "error: registering the student of step"  # a register-checkpoints worker's failed attempt
+
+
+def failed_attempts(worker_log: Path) -> int:
+    """How many of a registrar's workers failed (and were retried): each prints one ``error: registering the
+    student of step N: ...`` line in the run's ``registering.log`` before it exits (it makes one attempt; the
+    registrar retries the queue with backoff)."""
+    return worker_log.read_text(encoding="utf-8").count(FAILED_REGISTRATION) if worker_log.exists() else 0
+
+
+class RunStatuses:
+    """The statuses MLflow runs go through as the tracking server stores them: its database (``backend``, a
+    SQLAlchemy URI) read every ``every_s`` seconds by a thread. Only runs being watched (:meth:`watch`, until
+    :meth:`unwatch`) are recorded, in ``seen``: a training run is watched while it trains, so a run that read
+    FINISHED (or FAILED) mid-training shows here. Read from the database, not through the server's API: the
+    basic-auth app hashes the password of every request, which a poll would add to the load it observes. A
+    read that fails (the database restarting) is counted in ``failed_reads`` and the next one tries again."""
+
+    def __init__(self, backend: str, every_s: float = 0.5) -> None:
+        import threading
+
+        import sqlalchemy
+
+        self.engine = sqlalchemy.create_engine(backend, pool_pre_ping=True)
+        self.every_s = every_s
+        self.seen: dict[str, set[str]] = {}
+        self.watching: set[str] = set()
+        self.failed_reads = 0
+        self.reads = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.poll, name="run-statuses", daemon=True)
+        self.thread.start()
+
+    def watch(self, run_id: str) -> None:
+        self.seen.setdefault(run_id, set())
+        self.watching.add(run_id)
+
+    def unwatch(self, run_id: str) -> None:
+        self.watching.discard(run_id)
+
+    def read(self, query: str) -> list:
+        import sqlalchemy
+
+        with self.engine.connect() as connection:
+            return connection.execute(sqlalchemy.text(query)).all()
+
+    def poll(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            try:
+                rows = self.read("SELECT run_uuid, status FROM runs")
+            except Exception:  # the database is down or restarting: the next read tries again
+                self.failed_reads += 1
+                continue
+            self.reads += 1
+            watched = set(self.watching)  # after the read: a run unwatched before its end is never seen ended
+            for run_id, status in rows:
+                if run_id in watched:
+                    self.seen[run_id].add(status)
+
+    def versions(self) -> int:
+        """How many model versions the registry holds now (0 while the database does not answer)."""
+        try:
+            return self.read("SELECT count(*) FROM model_versions")[0][0]
+        except Exception:
+            return 0
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.engine.dispose()
 
 
 def score_matrix_mse(

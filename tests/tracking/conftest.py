@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import S3_CREDENTIALS, MlflowServer, MotoServer, PostgresServer, free_port
+from helpers import S3_CREDENTIALS, MlflowServer, MotoServer, PostgresServer, TcpProxy, free_port, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,12 +47,20 @@ TEAM_USER = ("sweep", "sweep-password-1234")  # the team's service account on te
 
 
 @pytest.fixture(scope="session")
+def team_s3(moto_server: MotoServer) -> TcpProxy:
+    """The team server's way to its S3 store: a TCP proxy in front of moto's server, which a test cuts
+    (``down()``, ``restore()``) to make the store unreachable, as a network or a store that fails does."""
+    return TcpProxy(moto_server.port)
+
+
+@pytest.fixture(scope="session")
 def team_mlflow_server(
-    postgres: PostgresServer, moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
+    postgres: PostgresServer, moto_server: MotoServer, team_s3: TcpProxy, tmp_path_factory: pytest.TempPathFactory
 ) -> MlflowServer:
     """launch/mlflow-server.sh as docs/mlflow-server.md deploys it for a team: runs and registry on PostgreSQL,
-    artifacts proxied to ``s3://team-mlflow/artifacts`` (a real S3 server: moto's), the basic-auth app with its
-    users in a second PostgreSQL database, two workers; clients sign in as TEAM_USER (``client_env``)."""
+    artifacts proxied to ``s3://team-mlflow/artifacts`` (a real S3 server: moto's, reached through ``team_s3``),
+    the basic-auth app with its users in a second PostgreSQL database, two workers; clients sign in as TEAM_USER
+    (``client_env``)."""
     moto_server.client().create_bucket(Bucket="team-mlflow")
     server = MlflowServer(
         tmp_path_factory.mktemp("team-mlflow"),
@@ -60,7 +68,7 @@ def team_mlflow_server(
         artifacts="s3://team-mlflow/artifacts",
         app_name="basic-auth",
         auth_db=postgres.create_database("mlflow_auth"),
-        env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": moto_server.url},
+        env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": team_s3.url},
         workers=2,
     )
     server.start()
@@ -92,6 +100,13 @@ def tiny_student_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_di
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_dir(tiny_teacher_dir: Path, tiny_dataset_dir: Path, tmp_path_factory) -> Path:
+    """One real DeepSpeed checkpoint of the tiny CPU distillation (``helpers.tiny_checkpoint``), for tests that
+    hand checkpoints to a registrar themselves."""
+    return tiny_checkpoint(tmp_path_factory.mktemp("checkpointed") / "run", tiny_teacher_dir, tiny_dataset_dir)
 
 
 @pytest.fixture

@@ -5,28 +5,35 @@ which saves are due, and the registry look-ups that keep versions unique and ali
 (against the real ``mlflow server``). The two launches run the tiny CPU distillation through the real
 launcher on two ranks: one with the server up (a version per due save, tagged, pullable after its
 checkpoint was deleted; a relaunch of the finished run adds nothing), one that starts while the server
-is down, is SIGKILLed and relaunched (every due save registered exactly once, in step order).
+is down, is SIGKILLed and relaunched (every due save registered exactly once, in step order). On the team's
+server (PostgreSQL, S3, basic auth), a training loop registers real checkpoints while the database stops and
+the store becomes unreachable (docs/mlflow-server.md, "Faults under load").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
 from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, Launch, registered_settings
+from helpers import RunStatuses, failed_attempts, record_fault
 
 from common.atomic import OutOfSpace
 from common.config import ConfigError
 from trainer.tracking.checkpoints import (
     QUEUE_DIR,
     REQUEST,
+    WORKER_LOG,
     CheckpointRegistrar,
     pending_snapshots,
     remove_snapshot,
@@ -300,3 +307,109 @@ def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicat
     assert not pending_snapshots(queue)
     (again,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
     assert again.info.run_id == tracked.info.run_id and again.info.status == "FINISHED"
+
+
+# ------------------------------------------------------------------------ faults under load, on the team's server
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.full
+@pytest.mark.integration
+def test_registrations_under_faults_wait_retry_and_land_once_each_in_order_while_training_never_waits(
+    team_mlflow_server, postgres, team_s3, tiny_checkpoint_dir, tmp_path, monkeypatch
+):
+    """benchmarks/registry_load.py's faults at a test's size: a training loop hands a real checkpoint to the
+    registrar every 10 steps on the team's server. PostgreSQL is stopped before the first is due and started
+    once a registration has failed on it; then S3 is unreachable (``team_s3`` refuses every connection) until a
+    registration has failed on that. Every due step becomes one version, tagged, in step order; the loop spends
+    a negligible share of its time inside the registrar; the run reads RUNNING while it trains and FINISHED
+    once it ends."""
+    from mlflow import MlflowClient
+
+    server, name, due = team_mlflow_server, "faulted-student", (10, 20)
+    # The workers at the normal policy, not SCHED_IDLE: on this machine other jobs keep both cores busy, and an
+    # idle-time worker would not run before the end of training (test_registry_auth's starved registration).
+    monkeypatch.setattr("trainer.tracking.checkpoints.yield_to_training", lambda pid: None)
+    for key, value in server.client_env.items():
+        monkeypatch.setenv(key, value)  # the registrar's workers sign in as the team's account
+    client = MlflowClient(server.uri)
+    run_id = client.create_run(client.create_experiment("registry-faults")).info.run_id
+    statuses = RunStatuses(server.backend)
+    statuses.watch(run_id)
+    cfg = MlflowConfig(register_as=name, register_checkpoints=True, checkpoint_alias="following",
+                       retry_initial_s=0.5, retry_max_s=2.0)  # fmt: skip
+    run = SimpleNamespace(run_id=run_id, created=True, tracking_uri=server.uri)
+    registrar = CheckpointRegistrar(cfg, tmp_path, run, save_every_steps=10, max_steps=10**6)
+    log = tmp_path / WORKER_LOG
+    failed: dict[str, int] = {}
+    injector_error: list[BaseException] = []
+
+    def inject() -> None:  # PostgreSQL is down already (below); each fault lasts until a registration failed on it
+        try:
+            wait_for(lambda: failed_attempts(log) >= 1, 120, "no registration failed while PostgreSQL was down")
+            failed["PostgreSQL stopped"] = failed_attempts(log)
+            postgres.start()
+            team_s3.down()
+            wait_for(lambda: failed_attempts(log) > failed["PostgreSQL stopped"], 120, "none failed without S3")
+            failed["S3 unreachable"] = failed_attempts(log) - failed["PostgreSQL stopped"]
+        except BaseException as err:
+            injector_error.append(err)
+        finally:  # the session's team server goes on serving other tests
+            if not postgres.running:
+                postgres.start()
+            team_s3.restore()
+
+    postgres.stop()
+    injector = threading.Thread(target=inject)
+    injector.start()
+    weights, x = torch.randn(256, 256) / 16, torch.randn(64, 256)
+    step, inside, started = 0, 0.0, time.perf_counter()
+    while step < due[-1] or injector.is_alive():  # training: it goes on as long as the faults last
+        step += 1
+        x = torch.tanh(x @ weights)  # the step's work on the host; then it waits for the device
+        time.sleep(0.02)
+        if step in due:
+            made = tmp_path / "checkpoints" / f"step-{step:08d}"
+            shutil.copytree(tiny_checkpoint_dir, made, copy_function=os.link)  # the trainer's save
+            handed = time.perf_counter()
+            registrar.submit(made, {"step": step, "samples": 8 * step})
+            inside += time.perf_counter() - handed
+    training_s = time.perf_counter() - started
+    injector.join()
+    assert not injector_error, injector_error
+    registrar.close(300)  # the end of training: waits for the queue
+    statuses.unwatch(run_id)
+    client.set_terminated(run_id)
+    statuses.stop()
+
+    found = versions_by_step(client, name)
+    worker_log = log.read_text()[-4000:]
+    assert {step: len(versions) for step, versions in found.items()} == dict.fromkeys(due, 1), worker_log
+    in_order = [int(found[step][0].version) for step in due]
+    assert in_order == sorted(in_order)
+    assert all(found[s][0].tags["kind"] == "checkpoint" and found[s][0].tags["samples"] == str(8 * s) for s in due)
+    assert client.get_model_version_by_alias(name, "following").tags["step"] == str(due[-1])
+    assert not pending_snapshots(tmp_path / QUEUE_DIR)
+    assert failed["PostgreSQL stopped"] >= 1 and failed["S3 unreachable"] >= 1  # waited, retried
+    share = inside / training_s
+    assert share < 0.01, (inside, training_s)  # a submit is a snapshot of hard links: milliseconds
+    assert statuses.seen[run_id] == {"RUNNING"}
+    assert client.get_run(run_id).info.status == "FINISHED"
+    record_fault(
+        "registry-faults-under-load",
+        fault="the team's registry while a run trains (PostgreSQL, S3, basic auth): PostgreSQL stopped, then S3 "
+        "unreachable, each until a registration failed on it",
+        injected=2,
+        kinds={"PostgreSQL stopped": 1, "S3 unreachable": 1},
+        outcome=f"{len(due)} due checkpoints registered once each, tagged, in step order, after "
+        f"{failed_attempts(log)} failed attempts retried; the loop's time inside the registrar {share:.3%} of "
+        f"{training_s:.0f} s of training; the run RUNNING while it trained, FINISHED at its end",
+        data_lost=0,
+        stop_s=None,
+        recovery_s=None,
+        steps_redone=None,
+    )
