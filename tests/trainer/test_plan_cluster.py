@@ -43,10 +43,11 @@ def planned(overrides: list[str], world: int) -> tuple[dict[str, int], int]:
     ("zero", "ranks", "precision", "global_batch"),
     [
         ("zero1", 2, "bf16", 8),  # accumulation 2: ZeRO-1 still reduces once per step
-        ("zero1", 4, "fp32", 8),
         ("zero2", 2, "fp32", 8),  # accumulation 2: ZeRO-2 reduces at every micro-step
-        ("zero2", 4, "bf16", 16),
         ("zero3", 2, "fp32", 8),
+        # A second world size, on the stage whose partitions it shapes most (every tensor gathered and scattered).
+        # ZeRO-1's and -2's 4-rank launches (~25 s each) left the suite: at 2 ranks their volumes already depend on
+        # the world size (each rank gathers the other's half), against DeepSpeed's own count.
         ("zero3", 4, "bf16", 16),
     ],
 )
