@@ -142,6 +142,43 @@ def test_due_saves_are_queued_and_the_last_step_is_left_to_the_end_of_training(t
     assert not registrar.thread.is_alive()
 
 
+def test_a_write_sqlite_refused_as_locked_is_one_line_naming_the_cause_and_the_fix(tmp_path, monkeypatch, capsys):
+    """A server on SQLite answers a write that waited past SQLite's busy timeout with HTTP 503 and SQLite's
+    'database is locked' (docs/mlflow-server.md measures from which load): the worker prints one line that names
+    SQLite's single writer and PostgreSQL as the fix, and exits to be retried (not as refused); the registrar's
+    warning, which quotes the worker's last line, quotes all of it."""
+    from mlflow.exceptions import RestException
+
+    from trainer.commands import register_checkpoints
+    from trainer.tracking.checkpoints import last_line
+
+    locked = RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": LOCKED_BODY})
+
+    def refuse(*args, **kwargs):
+        raise locked
+
+    snapshot(fake_checkpoint(tmp_path, 10), tmp_path / QUEUE_DIR, {"step": 10})
+    monkeypatch.setattr(register_checkpoints, "register_snapshot", refuse)
+    rc = register_checkpoints.main([str(tmp_path / QUEUE_DIR), "--name", "s", "--run-id", "r", "--tracking-uri", "x"])
+    said = capsys.readouterr().err.strip()
+    assert rc == 1  # retried by the registrar, like an outage: not REFUSED
+    assert "\n" not in said and "INSERT" not in said
+    assert said.startswith("error: registering the student of step 10: the registry's SQLite database is locked")
+    for part in ("one writer at a time", "PostgreSQL", "launch/mlflow-server.sh", "docs/mlflow-server.md"):
+        assert part in said
+    (tmp_path / WORKER_LOG).write_text(f"...\n{said}\n")
+    assert last_line(tmp_path / WORKER_LOG) == said  # the registrar's warning quotes it whole
+
+
+# What a basic-auth server on SQLite answered under concurrent registrations (benchmarks/registry_load.py)
+LOCKED_BODY = (
+    "(sqlite3.OperationalError) database is locked\n[SQL: INSERT INTO model_versions (name, version, "
+    "creation_time, last_updated_time, description, user_id, current_stage, source, storage_location, run_id, "
+    "run_link, status, status_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)]\n(Background on this "
+    "error at: https://sqlalche.me/e/20/e3q8)"
+)
+
+
 def test_a_version_is_found_by_run_and_step_and_an_alias_only_moves_forward(mlflow_server):
     from mlflow import MlflowClient
 

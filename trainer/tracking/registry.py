@@ -213,7 +213,8 @@ def register_or_explain(
         )
     except Exception as err:
         command = register_command(model_dir, **target, task=task)
-        log.error("MLflow: %s", refusal(err, cfg.register_as) or f"registering the student failed: {err}")
+        explained = refusal(err, cfg.register_as) or sqlite_locked(err)
+        log.error("MLflow: %s", explained or f"registering the student failed: {err}")
         print(f"The model stays in {model_dir}. Register it later with:\n  {command}", file=sys.stderr)
 
 
@@ -231,6 +232,25 @@ def refusal(err: Exception, name: str) -> str | None:
     return (
         f"{who} may not register versions of {name!r} or move its aliases (HTTP 403 {err.error_code}): "
         "ask the model's owner or an admin for EDIT on it"
+    )
+
+
+SQLITE_LOCKED = "database is locked"  # SQLite's answer to a write that waited past its busy timeout for the lock
+
+
+def sqlite_locked(err: Exception) -> str | None:
+    """One line for a write that the registry's SQLite database refused as ``database is locked`` (through the
+    server, an HTTP 503 whose body carries SQLite's error and the SQL), naming the cause and the fix; None for
+    any other error. SQLite lets one writer at a time hold the whole file; a write that waited past its busy
+    timeout (MLflow's: 20 s) for the lock fails. Under concurrent registrations (a sweep's runs on one server)
+    that is the backend's limit, not an outage: the registrar retries, but the fix is a server on PostgreSQL
+    (docs/mlflow-server.md measures the load from which SQLite refuses)."""
+    if SQLITE_LOCKED not in str(err):
+        return None
+    return (  # one line, short enough for the registrar's warning (it quotes a worker's last 300 characters)
+        "the registry's SQLite database is locked (SQLite takes one writer at a time: too many registrations at "
+        "once for it); retried, but a team's server belongs on PostgreSQL: launch/mlflow-server.sh, "
+        "docs/mlflow-server.md"
     )
 
 
@@ -290,7 +310,7 @@ def main(argv: list[str]) -> int:
             ns.student_dir, name=ns.name, alias=ns.alias, run_id=ns.run_id, tracking_uri=tracking_uri, task=ns.task
         )
     except MlflowException as err:
-        print(f"error: {command}: {refusal(err, ns.name) or err.message}", file=sys.stderr)
+        print(f"error: {command}: {refusal(err, ns.name) or sqlite_locked(err) or err.message}", file=sys.stderr)
         return 1
     print(f"registered {ns.name} version {version.version}" + (f" as @{ns.alias}" if ns.alias else ""))
     return 0
