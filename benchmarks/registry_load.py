@@ -95,9 +95,9 @@ def direct_student(checkpoint: Path, dest: Path) -> Path:
     return export(checkpoint, dest)
 
 
-def start_server(backend: str, work: Path, moto, stack: list, fault: str | None) -> tuple:
-    """launch/mlflow-server.sh on ``backend`` (postgresql or sqlite), artifacts in S3, basic auth; ``stack``
-    collects what to stop. Returns the server and what injects ``fault``: the PostgreSQL server for
+def start_server(backend: str, work: Path, moto, stack: list, fault: str | None, auth: bool = True) -> tuple:
+    """launch/mlflow-server.sh on ``backend`` (postgresql or sqlite), artifacts in S3, basic auth unless not
+    ``auth``; ``stack`` collects what to stop. Returns the server and what injects ``fault``: the PostgreSQL server for
     ``pg-restart``, a cuttable proxy in front of S3 for ``s3-down``."""
     from helpers import S3_CREDENTIALS, MlflowServer, PostgresServer, TcpProxy
 
@@ -116,7 +116,7 @@ def start_server(backend: str, work: Path, moto, stack: list, fault: str | None)
     proxy = TcpProxy(moto.port) if fault == "s3-down" else None
     server = MlflowServer(
         root,
-        app_name="basic-auth",
+        app_name="basic-auth" if auth else None,
         artifacts=f"s3://{bucket}/artifacts",
         env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": proxy.url if proxy else moto.url},
         workers=2,
@@ -124,7 +124,8 @@ def start_server(backend: str, work: Path, moto, stack: list, fault: str | None)
     )
     stack.append(server.stop)
     server.start()
-    server.add_client_user(*USER)
+    if auth:
+        server.add_client_user(*USER)
     return server, {"pg-restart": postgres, "s3-down": proxy, None: None}[fault]
 
 
@@ -258,7 +259,7 @@ def load(backend: str, work: Path, source: Path, moto, args, fault: str | None =
     stack: list = []
     injected: dict = {}
     try:
-        server, target = start_server(backend, work, moto, stack, fault)
+        server, target = start_server(backend, work, moto, stack, fault, auth=args.auth == "basic")
         os.environ.update(server.client_env)  # the registrars' workers sign in as the team's account
         # The runs' statuses, read from the database: not for direct producers, whose load is the server's alone
         statuses = None if direct else RunStatuses(server.backend)
@@ -303,6 +304,7 @@ def load(backend: str, work: Path, source: Path, moto, args, fault: str | None =
     steps = collections.Counter((v.run_id, v.tags.get("step")) for v in versions)
     return {
         "backend": backend,
+        "auth": args.auth,
         "producer": args.producer,
         "interval_s": args.interval,
         "fault": {"kind": fault, **injected} if fault else None,
@@ -412,7 +414,7 @@ def table(result: dict) -> str:
         lost, duplicated = lost_and_duplicated(r)
         failed = r.get("failed_by_cause", {})
         rows.append(
-            f"| {r['backend']} | {PRODUCERS[r.get('producer', 'registrar')]} | {fault_words(r.get('fault'))} | "
+            f"| {backend_words(r)} | {PRODUCERS[r.get('producer', 'registrar')]} | {fault_words(r.get('fault'))} | "
             f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
             f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
             f"{failed.get('database is locked', 0)} | {failed.get('request timeout', 0)} | "
@@ -428,6 +430,11 @@ def table(result: dict) -> str:
     if "parts" in result:  # merged: each backend's own measurement
         rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
     return "\n".join(rows)
+
+
+def backend_words(load: dict) -> str:
+    """The load's backend, and whether its server checked passwords (a load measured before --auth did)."""
+    return load["backend"] + ("" if load.get("auth", "basic") == "basic" else ", no auth")
 
 
 def lost_and_duplicated(load: dict) -> tuple[int, int]:
@@ -493,6 +500,13 @@ def main() -> int:
     parser.add_argument("--fault-after", type=int, default=1, help="a fault begins once this many versions are in")
     parser.add_argument("--outage", type=float, default=20.0, help="how long S3 stays unreachable (s3-down)")
     parser.add_argument("--checkpoint", type=Path, help="a DeepSpeed checkpoint (default: made by a tiny run)")
+    parser.add_argument(
+        "--auth",
+        choices=["basic", "none"],
+        default="basic",
+        help="the server's basic-auth app (the team's server), or none: its password check of every request "
+        "costs the server more CPU than the rest of a registration, which on a small machine bounds the load first",
+    )
     parser.add_argument(
         "--producer",
         choices=sorted(PRODUCERS),
