@@ -86,7 +86,7 @@ def make_checkpoint(work: Path) -> Path:
 def direct_student(checkpoint: Path, dest: Path) -> Path:
     """The student that direct producers register, exported once as a registrar's worker exports each; and
     this process's MLflow client set up as the worker's is (one attempt per request, the request timeout)."""
-    import mlflow.transformers  # noqa: F401  (imported once here, not by the producers' threads at once)
+    import mlflow.transformers  # noqa: F401  (imported once here, and shared by the producers' forks)
 
     from trainer.commands.export import export
     from trainer.tracking.config import MlflowConfig, limit_http_retries
@@ -178,6 +178,40 @@ def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, arg
     measured.update(in_registrar_s=inside, training_s=ending - training, end_wait_s=time.perf_counter() - ending)
     statuses.unwatch(run_id)
     MlflowClient(uri).set_terminated(run_id)
+
+
+def run_direct(runs: list[str], student: Path, uri: str, args, submitted: dict, measured: list[dict]) -> None:
+    """Each run's :func:`produce_direct` in a process of its own, forked from this one (its imports shared, not
+    repeated; threads would not do: transformers loads a model through process-wide state, the meta device, so
+    loading one while another thread saves one fails), at nice 10, so that the server's processes get the CPU
+    first: in a real deployment the runs are on other machines. Fills ``submitted`` and ``measured``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    producers = [
+        context.Process(target=produce_direct_process, args=(i, student, run_id, uri, args, results))
+        for i, run_id in enumerate(runs)
+    ]
+    for producer in producers:
+        producer.start()
+    for _ in producers:  # before joining: a process exits only once what it put in the queue is read
+        index, its_submitted, its_measured = results.get()
+        submitted.update(its_submitted)
+        measured[index].update(its_measured)
+    for producer in producers:
+        producer.join()
+
+
+def produce_direct_process(index: int, student: Path, run_id: str, uri: str, args, results) -> None:
+    """:func:`produce_direct` in a forked process, at nice 10; puts (index, submitted, measured) in ``results``."""
+    os.nice(10)
+    submitted: dict = {}
+    measured: dict = {}
+    try:
+        produce_direct(index, student, run_id, uri, args, submitted, measured)
+    finally:
+        results.put((index, submitted, measured))
 
 
 def produce_direct(index: int, student: Path, run_id: str, uri: str, args, submitted: dict, measured: dict) -> None:
@@ -272,22 +306,23 @@ def load(backend: str, work: Path, source: Path, moto, args, fault: str | None =
         submitted: dict[tuple[str, int], float] = {}
         measured: list[dict] = [{} for _ in runs]
         began = time.time()
-        producers = [
-            threading.Thread(
-                target=produce_direct if direct else produce,
-                args=(i, source, run_id, server.uri, args, submitted, measured[i])
-                if direct
-                else (i, work / name, source, run_id, server.uri, args, submitted, statuses, measured[i]),
+        if direct:
+            run_direct(runs, source, server.uri, args, submitted, measured)
+        else:
+            producers = [
+                threading.Thread(
+                    target=produce,
+                    args=(i, work / name, source, run_id, server.uri, args, submitted, statuses, measured[i]),
+                )
+                for i, run_id in enumerate(runs)
+            ]
+            faulty = threading.Thread(
+                target=inject, args=(fault, target, statuses, args.fault_after, args.outage, began, injected)
             )
-            for i, run_id in enumerate(runs)
-        ]
-        faulty = threading.Thread(
-            target=inject, args=(fault, target, statuses, args.fault_after, args.outage, began, injected)
-        )
-        for thread in [*producers, faulty]:
-            thread.start()
-        for thread in [*producers, faulty]:
-            thread.join()
+            for thread in [*producers, faulty]:
+                thread.start()
+            for thread in [*producers, faulty]:
+                thread.join()
         versions = client.search_model_versions(f"name = '{MODEL}'", max_results=10000)
         per_run = [run_figures(i, run_id, versions, measured[i], work / name, statuses, client)
                    for i, run_id in enumerate(runs)]  # fmt: skip
@@ -298,7 +333,7 @@ def load(backend: str, work: Path, source: Path, moto, args, fault: str | None =
         for stop in reversed(stack):
             stop()
     latencies = sorted(int(v.creation_timestamp) / 1000 - submitted[v.run_id, int(v.tags["step"])] for v in versions)
-    ended = max(int(v.creation_timestamp) / 1000 for v in versions)
+    ended = max((int(v.creation_timestamp) / 1000 for v in versions), default=time.time())  # none: until now
     failed = sum((collections.Counter(r["failed"]) for r in per_run), collections.Counter())
     examples = {why: said for r in per_run for why, said in r.pop("examples", {}).items()}
     steps = collections.Counter((v.run_id, v.tags.get("step")) for v in versions)
@@ -328,7 +363,9 @@ def load(backend: str, work: Path, source: Path, moto, args, fault: str | None =
             "p50": round(statistics.median(latencies), 2),
             "p95": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
             "max": round(latencies[-1], 2),
-        },
+        }
+        if latencies
+        else None,
     }
 
 
@@ -418,7 +455,7 @@ def table(result: dict) -> str:
             f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
             f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
             f"{failed.get('database is locked', 0)} | {failed.get('request timeout', 0)} | "
-            f"{r['registrations_per_s']:.2f} | {r['latency_s']['p50']:.1f} | {r['latency_s']['p95']:.1f} |"
+            f"{r['registrations_per_s']:.2f} | {latency(r, 'p50')} | {latency(r, 'p95')} |"
         )
     machine = result["machine"]
     measured = [part["machine"] for part in result.get("parts", [])] or [machine]  # a merged file: each part's
@@ -430,6 +467,10 @@ def table(result: dict) -> str:
     if "parts" in result:  # merged: each backend's own measurement
         rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
     return "\n".join(rows)
+
+
+def latency(load: dict, percentile: str) -> str:
+    return f"{load['latency_s'][percentile]:.1f}" if load["latency_s"] else "-"  # none registered: no latency
 
 
 def backend_words(load: dict) -> str:
