@@ -33,8 +33,10 @@ the server does. Each run is then a thread of this process that calls what the w
 student (:func:`~trainer.tracking.registry.register_student`: the same requests, the upload of a student
 exported once beforehand included), for one checkpoint due every ``--interval`` seconds, in step order, each
 failed attempt retried as the registrar retries (backoff from 1 s doubling to 5 s) until ``--finish-timeout``
-after its last checkpoint was due. Every failed attempt is recorded by its cause (SQLite's ``database is
-locked``, the client's request timeout, anything else, with examples): the load from which SQLite refuses.
+after its last checkpoint was due. Every failed attempt is recorded by its cause (the database refused: SQLite's
+``database is locked``, which reaches the client as the server's 503; the client's request timeout; anything
+else, with examples), and the server's log is searched for ``database is locked``: the load from which SQLite
+refuses.
 """
 
 from __future__ import annotations
@@ -262,12 +264,14 @@ def registered(student: Path, run_id: str, uri: str, index: int, tags: dict, fai
 
 
 def cause(err: Exception | str) -> str:
-    """A failed registration's cause as the load table counts it."""
-    from trainer.tracking.registry import SQLITE_LOCKED
+    """A failed registration's cause as the load table counts it: the database refused (SQLite's ``database is
+    locked``, or the server's 503 that carries it, :func:`~trainer.tracking.registry.database_refused`), the
+    client's request timeout, or other."""
+    from trainer.tracking.registry import database_refused
 
     said = str(err)
-    if SQLITE_LOCKED in said:
-        return SQLITE_LOCKED
+    if database_refused(err) or "database refused" in said:  # an exception, or a worker's line that explained it
+        return "database refused"
     if "timed out" in said.lower() or "timeout" in type(err).__name__.lower():
         return "request timeout"
     return "other"
@@ -443,7 +447,7 @@ def table(result: dict) -> str:
     (retried) and how many of them SQLite refused as locked, the rate and the latency."""
     rows = [
         "| backend | runs registering through | fault mid-load | concurrent runs | checkpoint every (s) | versions "
-        "| registered | lost | duplicated | failed attempts (retried) | of which 'database is locked' "
+        "| registered | lost | duplicated | failed attempts (retried) | of which the database refused (503) "
         "| of which request timeouts | registrations/s | latency p50 (s) | p95 (s) |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -454,7 +458,7 @@ def table(result: dict) -> str:
             f"| {backend_words(r)} | {PRODUCERS[r.get('producer', 'registrar')]} | {fault_words(r.get('fault'))} | "
             f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
             f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
-            f"{failed.get('database is locked', 0)} | {failed.get('request timeout', 0)} | "
+            f"{failed.get('database refused', 0)} | {failed.get('request timeout', 0)} | "
             f"{r['registrations_per_s']:.2f} | {latency(r, 'p50')} | {latency(r, 'p95')} |"
         )
     machine = result["machine"]

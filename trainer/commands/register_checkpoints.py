@@ -29,10 +29,10 @@ from trainer.tracking.checkpoints import REFUSED, REQUEST, pending_snapshots, re
 from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
 from trainer.tracking.registry import (
     advance_alias,
+    database_refused,
     refusal,
     register_student,
     registered_version,
-    sqlite_locked,
 )
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
             if refused is not None:  # retrying cannot help: the registrar stops trying for this run
                 print(f"error: registering the student of step {step}: {refused}", file=sys.stderr)
                 return REFUSED
-            said = sqlite_locked(err) or f"{type(err).__name__}: {err}"  # the registrar warns with this line
+            said = database_refused(err) or f"{type(err).__name__}: {err}"  # the registrar warns with this line
             print(f"error: registering the student of step {step}: {said}", file=sys.stderr)
             return 1
         remove_snapshot(snapshot)
