@@ -439,7 +439,8 @@ def fault_words(fault: dict | None) -> str:
     return f"S3 unreachable for {fault['down_s']:.0f} s {when}"
 
 
-PRODUCERS = {"registrar": "registrar's workers", "direct": "direct (one process)"}  # --producer, as the table says
+# --producer, as the table says it
+PRODUCERS = {"registrar": "registrar's workers", "direct": "direct (a process each, no export)"}
 
 
 def table(result: dict) -> str:
@@ -448,8 +449,9 @@ def table(result: dict) -> str:
     rows = [
         "| backend | runs registering through | fault mid-load | concurrent runs | checkpoint every (s) | versions "
         "| registered | lost | duplicated | failed attempts (retried) | of which the database refused (503) "
-        "| of which request timeouts | registrations/s | latency p50 (s) | p95 (s) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| of which request timeouts | 'database is locked' in the server's log (lines) | registrations/s "
+        "| latency p50 (s) | p95 (s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["loads"]:
         lost, duplicated = lost_and_duplicated(r)
@@ -459,6 +461,7 @@ def table(result: dict) -> str:
             f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
             f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
             f"{failed.get('database refused', 0)} | {failed.get('request timeout', 0)} | "
+            f"{r.get('server_log_locked_lines', '-')} | "
             f"{r['registrations_per_s']:.2f} | {latency(r, 'p50')} | {latency(r, 'p95')} |"
         )
     machine = result["machine"]
