@@ -26,11 +26,23 @@ statuses its run had while it trained (RUNNING only) and at its end (FINISHED), 
 
 A version's latency is from the hand-over (``submit``) to the version's creation time on the server: it
 includes the worker's start (its imports), the export and the upload, as a training run sees it.
+
+``--producer direct`` loads the server instead of the runs' CPU: a registrar's worker spends seconds of CPU on
+its imports and the export for each version, so on a small machine N runs' workers bound the load long before
+the server does. Each run is then a thread of this process that calls what the worker calls once it has the
+student (:func:`~trainer.tracking.registry.register_student`: the same requests, the upload of a student
+exported once beforehand included), for one checkpoint due every ``--interval`` seconds, in step order, each
+failed attempt retried as the registrar retries (backoff from 1 s doubling to 5 s) until ``--finish-timeout``
+after its last checkpoint was due. Every failed attempt is recorded by its cause (the database refused: SQLite's
+``database is locked``, which reaches the client as the server's 503; the client's request timeout; anything
+else, with examples), and the server's log is searched for ``database is locked``: the load from which SQLite
+refuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -73,9 +85,21 @@ def make_checkpoint(work: Path) -> Path:
     return tiny_checkpoint(work / "run", teacher, data)
 
 
-def start_server(backend: str, work: Path, moto, stack: list, fault: str | None) -> tuple:
-    """launch/mlflow-server.sh on ``backend`` (postgresql or sqlite), artifacts in S3, basic auth; ``stack``
-    collects what to stop. Returns the server and what injects ``fault``: the PostgreSQL server for
+def direct_student(checkpoint: Path, dest: Path) -> Path:
+    """The student that direct producers register, exported once as a registrar's worker exports each; and
+    this process's MLflow client set up as the worker's is (one attempt per request, the request timeout)."""
+    import mlflow.transformers  # noqa: F401  (imported once here, and shared by the producers' forks)
+
+    from trainer.commands.export import export
+    from trainer.tracking.config import MlflowConfig, limit_http_retries
+
+    limit_http_retries(MlflowConfig())
+    return export(checkpoint, dest)
+
+
+def start_server(backend: str, work: Path, moto, stack: list, fault: str | None, auth: bool = True) -> tuple:
+    """launch/mlflow-server.sh on ``backend`` (postgresql or sqlite), artifacts in S3, basic auth unless not
+    ``auth``; ``stack`` collects what to stop. Returns the server and what injects ``fault``: the PostgreSQL server for
     ``pg-restart``, a cuttable proxy in front of S3 for ``s3-down``."""
     from helpers import S3_CREDENTIALS, MlflowServer, PostgresServer, TcpProxy
 
@@ -94,7 +118,7 @@ def start_server(backend: str, work: Path, moto, stack: list, fault: str | None)
     proxy = TcpProxy(moto.port) if fault == "s3-down" else None
     server = MlflowServer(
         root,
-        app_name="basic-auth",
+        app_name="basic-auth" if auth else None,
         artifacts=f"s3://{bucket}/artifacts",
         env={**S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": proxy.url if proxy else moto.url},
         workers=2,
@@ -102,7 +126,8 @@ def start_server(backend: str, work: Path, moto, stack: list, fault: str | None)
     )
     stack.append(server.stop)
     server.start()
-    server.add_client_user(*USER)
+    if auth:
+        server.add_client_user(*USER)
     return server, {"pg-restart": postgres, "s3-down": proxy, None: None}[fault]
 
 
@@ -157,20 +182,127 @@ def produce(index: int, root: Path, checkpoint: Path, run_id: str, uri: str, arg
     MlflowClient(uri).set_terminated(run_id)
 
 
-def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | None = None) -> dict:
+def run_direct(runs: list[str], student: Path, uri: str, args, submitted: dict, measured: list[dict]) -> None:
+    """Each run's :func:`produce_direct` in a process of its own, forked from this one (its imports shared, not
+    repeated; threads would not do: transformers loads a model through process-wide state, the meta device, so
+    loading one while another thread saves one fails), at nice 10, so that the server's processes get the CPU
+    first: in a real deployment the runs are on other machines. Fills ``submitted`` and ``measured``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    producers = [
+        context.Process(target=produce_direct_process, args=(i, student, run_id, uri, args, results))
+        for i, run_id in enumerate(runs)
+    ]
+    for producer in producers:
+        producer.start()
+    for _ in producers:  # before joining: a process exits only once what it put in the queue is read
+        index, its_submitted, its_measured = results.get()
+        submitted.update(its_submitted)
+        measured[index].update(its_measured)
+    for producer in producers:
+        producer.join()
+
+
+def produce_direct_process(index: int, student: Path, run_id: str, uri: str, args, results) -> None:
+    """:func:`produce_direct` in a forked process, at nice 10; puts (index, submitted, measured) in ``results``."""
+    os.nice(10)
+    submitted: dict = {}
+    measured: dict = {}
+    try:
+        produce_direct(index, student, run_id, uri, args, submitted, measured)
+    finally:
+        results.put((index, submitted, measured))
+
+
+def produce_direct(index: int, student: Path, run_id: str, uri: str, args, submitted: dict, measured: dict) -> None:
+    """One run as ``--producer direct`` makes it (module docstring): its checkpoints due every ``args.interval``
+    s, each registered by :func:`register_student` as the registrar's worker registers it, failed attempts
+    retried with the registrar's backoff until ``args.finish_timeout`` after the last was due. ``measured`` gets
+    the failed attempts by cause and a few of their messages."""
+    from mlflow import MlflowClient
+
+    failed: collections.Counter = collections.Counter()
+    examples: dict[str, str] = {}
+    began = time.time()
+    deadline = began + (args.versions - 1) * args.interval + args.finish_timeout
+    for step in range(1, args.versions + 1):
+        due = began + (step - 1) * args.interval
+        time.sleep(max(0.0, due - time.time()))
+        submitted[run_id, step] = due  # a run's queue: a checkpoint due while the last registers waits for it
+        tags = {"step": str(step), "samples": str(step * 8), "eval/loss": f"{1.0 / step:.6g}", "kind": "checkpoint"}
+        backoff = 1.0
+        while not registered(student, run_id, uri, index, {**tags, "run_id": run_id}, failed, examples):
+            if time.time() + backoff > deadline:  # what is left stays unregistered: the check counts it lost
+                measured.update(failed=dict(failed), examples=examples)
+                return
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+    measured.update(failed=dict(failed), examples=examples)
+    for _ in range(10):  # the end of training ends the run, retried as the tracker retries
+        try:
+            MlflowClient(uri).set_terminated(run_id)
+            return
+        except Exception:
+            time.sleep(2)
+
+
+def registered(student: Path, run_id: str, uri: str, index: int, tags: dict, failed, examples: dict) -> bool:
+    """One attempt of the worker's registration; a failure is counted in ``failed`` by :func:`cause`."""
+    from trainer.tracking.registry import register_student
+
+    try:
+        register_student(student, name=MODEL, alias=None, run_id=run_id, tracking_uri=uri, attempts=1, tags=tags,
+                         run_metrics=False, follow_alias=f"run{index}")  # fmt: skip
+        return True
+    except Exception as err:
+        why = cause(err)
+        failed[why] += 1
+        examples.setdefault(why, f"{type(err).__name__}: {err}"[:600])
+        return False
+
+
+def cause(err: Exception | str) -> str:
+    """A failed registration's cause as the load table counts it: the database refused (SQLite's ``database is
+    locked``, or the server's 503 that carries it, :func:`~trainer.tracking.registry.database_refused`), the
+    client's request timeout, or other."""
+    from trainer.tracking.registry import database_refused
+
+    said = str(err)
+    if database_refused(err) or "database refused" in said:  # an exception, or a worker's line that explained it
+        return "database refused"
+    if "timed out" in said.lower() or "timeout" in type(err).__name__.lower():
+        return "request timeout"
+    return "other"
+
+
+def worker_failures(worker_log: Path) -> dict[str, int]:
+    """A registrar's failed attempts by :func:`cause`, from its workers' ``error: registering ...`` lines."""
+    from helpers import FAILED_REGISTRATION
+
+    lines = worker_log.read_text(encoding="utf-8").splitlines() if worker_log.exists() else []
+    return dict(collections.Counter(cause(line) for line in lines if line.startswith(FAILED_REGISTRATION)))
+
+
+def load(backend: str, work: Path, source: Path, moto, args, fault: str | None = None) -> dict:
     """Start the server, run the producers at once (with ``fault`` injected mid-load), check every version, and
-    measure."""
-    from helpers import RunStatuses, failed_attempts
+    measure. ``source``: the checkpoint the registrars' runs hand over, or with ``--producer direct`` the
+    student exported from it."""
+    from helpers import RunStatuses
     from mlflow import MlflowClient
 
     name = f"{backend}-{fault}" if fault else backend
+    direct = args.producer == "direct"
     stack: list = []
     injected: dict = {}
     try:
-        server, target = start_server(backend, work, moto, stack, fault)
+        server, target = start_server(backend, work, moto, stack, fault, auth=args.auth == "basic")
         os.environ.update(server.client_env)  # the registrars' workers sign in as the team's account
-        statuses = RunStatuses(server.backend)
-        stack.append(statuses.stop)
+        # The runs' statuses, read from the database: not for direct producers, whose load is the server's alone
+        statuses = None if direct else RunStatuses(server.backend)
+        if statuses is not None:
+            stack.append(statuses.stop)
         client = MlflowClient(server.uri)
         experiment = client.create_experiment(f"load-{name}")
         client.create_registered_model(MODEL)
@@ -178,52 +310,55 @@ def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | No
         submitted: dict[tuple[str, int], float] = {}
         measured: list[dict] = [{} for _ in runs]
         began = time.time()
-        producers = [
-            threading.Thread(
-                target=produce,
-                args=(i, work / name, checkpoint, run_id, server.uri, args, submitted, statuses, measured[i]),
+        if direct:
+            run_direct(runs, source, server.uri, args, submitted, measured)
+        else:
+            producers = [
+                threading.Thread(
+                    target=produce,
+                    args=(i, work / name, source, run_id, server.uri, args, submitted, statuses, measured[i]),
+                )
+                for i, run_id in enumerate(runs)
+            ]
+            faulty = threading.Thread(
+                target=inject, args=(fault, target, statuses, args.fault_after, args.outage, began, injected)
             )
-            for i, run_id in enumerate(runs)
-        ]
-        faulty = threading.Thread(
-            target=inject, args=(fault, target, statuses, args.fault_after, args.outage, began, injected)
-        )
-        for thread in [*producers, faulty]:
-            thread.start()
-        for thread in [*producers, faulty]:
-            thread.join()
+            for thread in [*producers, faulty]:
+                thread.start()
+            for thread in [*producers, faulty]:
+                thread.join()
         versions = client.search_model_versions(f"name = '{MODEL}'", max_results=10000)
-        per_run = [
-            {
-                "run": f"run{i}",
-                "registered": sum(v.run_id == run_id for v in versions),
-                "failed_attempts": failed_attempts(work / name / f"run{i}" / "registering.log"),
-                "in_registrar_s": round(measured[i]["in_registrar_s"], 4),
-                "training_s": round(measured[i]["training_s"], 2),
-                "step_time_share": measured[i]["in_registrar_s"] / measured[i]["training_s"],
-                "end_wait_s": round(measured[i]["end_wait_s"], 1),
-                "status_while_training": sorted(statuses.seen[run_id]),
-                "status_at_end": client.get_run(run_id).info.status,
-            }
-            for i, run_id in enumerate(runs)
-        ]
+        per_run = [run_figures(i, run_id, versions, measured[i], work / name, statuses, client)
+                   for i, run_id in enumerate(runs)]  # fmt: skip
         problems = check(client, versions, runs, args.versions) + status_problems(per_run)
-        status_reads = {"reads": statuses.reads, "failed": statuses.failed_reads}
+        status_reads = {"reads": statuses.reads, "failed": statuses.failed_reads} if statuses else None
+        server_log = server.log.read_text(encoding="utf-8", errors="replace")
     finally:
         for stop in reversed(stack):
             stop()
     latencies = sorted(int(v.creation_timestamp) / 1000 - submitted[v.run_id, int(v.tags["step"])] for v in versions)
-    ended = max(int(v.creation_timestamp) / 1000 for v in versions)
+    ended = max((int(v.creation_timestamp) / 1000 for v in versions), default=time.time())  # none: until now
+    failed = sum((collections.Counter(r["failed"]) for r in per_run), collections.Counter())
+    examples = {why: said for r in per_run for why, said in r.pop("examples", {}).items()}
+    steps = collections.Counter((v.run_id, v.tags.get("step")) for v in versions)
     return {
         "backend": backend,
+        "auth": args.auth,
+        "producer": args.producer,
+        "interval_s": args.interval,
         "fault": {"kind": fault, **injected} if fault else None,
         "producers": args.producers,
         "versions_per_producer": args.versions,
         "expected": args.producers * args.versions,
         "registered": len(versions),
+        "lost": args.producers * args.versions - len(steps),
+        "duplicated": len(versions) - len(steps),
         "problems": problems,
         "failed_attempts": sum(r["failed_attempts"] for r in per_run),
-        "step_time_share_max": max(r["step_time_share"] for r in per_run),
+        "failed_by_cause": dict(failed),
+        "failure_examples": examples,
+        "server_log_locked_lines": server_log.count("database is locked"),
+        "step_time_share_max": max((r["step_time_share"] for r in per_run if "step_time_share" in r), default=None),
         "status_reads": status_reads,
         "runs": per_run,
         "seconds": round(ended - began, 2),
@@ -232,8 +367,35 @@ def load(backend: str, work: Path, checkpoint: Path, moto, args, fault: str | No
             "p50": round(statistics.median(latencies), 2),
             "p95": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
             "max": round(latencies[-1], 2),
-        },
+        }
+        if latencies
+        else None,
     }
+
+
+def run_figures(index: int, run_id: str, versions: list, measured: dict, root: Path, statuses, client) -> dict:
+    """One run's figures: its versions, its failed attempts (by cause), and for a registrar's run the training's
+    time inside it and the statuses the run had while it trained."""
+    from helpers import failed_attempts
+
+    figures = {"run": f"run{index}", "registered": sum(v.run_id == run_id for v in versions)}
+    if statuses is None:  # a direct producer (--producer direct)
+        figures.update(failed=measured.get("failed", {}), examples=measured.get("examples", {}))
+        figures["failed_attempts"] = sum(figures["failed"].values())
+        figures["status_while_training"] = []
+    else:
+        worker_log = root / f"run{index}" / "registering.log"
+        figures.update(
+            failed_attempts=failed_attempts(worker_log),
+            failed=worker_failures(worker_log),
+            in_registrar_s=round(measured["in_registrar_s"], 4),
+            training_s=round(measured["training_s"], 2),
+            step_time_share=measured["in_registrar_s"] / measured["training_s"],
+            end_wait_s=round(measured["end_wait_s"], 1),
+            status_while_training=sorted(statuses.seen[run_id]),
+        )
+    figures["status_at_end"] = client.get_run(run_id).info.status
+    return figures
 
 
 def check(client, versions: list, runs: list[str], per_run: int) -> list[str]:
@@ -277,29 +439,58 @@ def fault_words(fault: dict | None) -> str:
     return f"S3 unreachable for {fault['down_s']:.0f} s {when}"
 
 
+# --producer, as the table says it
+PRODUCERS = {"registrar": "registrar's workers", "direct": "direct (a process each, no export)"}
+
+
 def table(result: dict) -> str:
+    """docs/mlflow-server.md's load table: per load, what was registered, lost or duplicated, the failed attempts
+    (retried) and how many of them SQLite refused as locked, the rate and the latency."""
     rows = [
-        "| backend | fault mid-load | concurrent runs | versions | registered | lost or duplicated "
-        "| failed attempts (retried) | registrations/s | latency p50 (s) | p95 (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | runs registering through | fault mid-load | concurrent runs | checkpoint every (s) | versions "
+        "| registered | lost | duplicated | failed attempts (retried) | of which the database refused (503) "
+        "| of which request timeouts | 'database is locked' in the server's log (lines) | registrations/s "
+        "| latency p50 (s) | p95 (s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["loads"]:
+        lost, duplicated = lost_and_duplicated(r)
+        failed = r.get("failed_by_cause", {})
         rows.append(
-            f"| {r['backend']} | {fault_words(r.get('fault'))} | {r['producers']} | {r['expected']} | "
-            f"{r['registered']} | {len(r['problems'])} | "
-            f"{r['failed_attempts']} | {r['registrations_per_s']:.2f} | {r['latency_s']['p50']:.1f} | "
-            f"{r['latency_s']['p95']:.1f} |"
+            f"| {backend_words(r)} | {PRODUCERS[r.get('producer', 'registrar')]} | {fault_words(r.get('fault'))} | "
+            f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
+            f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
+            f"{failed.get('database refused', 0)} | {failed.get('request timeout', 0)} | "
+            f"{r.get('server_log_locked_lines', '-')} | "
+            f"{r['registrations_per_s']:.2f} | {latency(r, 'p50')} | {latency(r, 'p95')} |"
         )
     machine = result["machine"]
     measured = [part["machine"] for part in result.get("parts", [])] or [machine]  # a merged file: each part's
     averages = " and ".join(f"{m['load_average_at_end'][1]:.0f}" for m in measured)
     load = f"load average {averages} over the last 5 minutes (shared with other jobs)"
-    setup = f"{result['server_workers']} server workers, a checkpoint every {result['interval_s']:g} s per run"
+    setup = f"{result['server_workers']} server workers"
     where = "the server, the stores and the runs on one machine"
     rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", load, setup, where)]
     if "parts" in result:  # merged: each backend's own measurement
         rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
     return "\n".join(rows)
+
+
+def latency(load: dict, percentile: str) -> str:
+    return f"{load['latency_s'][percentile]:.1f}" if load["latency_s"] else "-"  # none registered: no latency
+
+
+def backend_words(load: dict) -> str:
+    """The load's backend, and whether its server checked passwords (a load measured before --auth did)."""
+    return load["backend"] + ("" if load.get("auth", "basic") == "basic" else ", no auth")
+
+
+def lost_and_duplicated(load: dict) -> tuple[int, int]:
+    """A load's lost and duplicated steps (a load measured before they were counted apart found neither)."""
+    if "lost" in load:
+        return load["lost"], load["duplicated"]
+    assert not load["problems"], "a load with problems records its lost and duplicated steps"
+    return 0, 0
 
 
 def faults_table(result: dict) -> str:
@@ -358,6 +549,20 @@ def main() -> int:
     parser.add_argument("--outage", type=float, default=20.0, help="how long S3 stays unreachable (s3-down)")
     parser.add_argument("--checkpoint", type=Path, help="a DeepSpeed checkpoint (default: made by a tiny run)")
     parser.add_argument(
+        "--auth",
+        choices=["basic", "none"],
+        default="basic",
+        help="the server's basic-auth app (the team's server), or none: its password check of every request "
+        "costs the server more CPU than the rest of a registration, which on a small machine bounds the load first",
+    )
+    parser.add_argument(
+        "--producer",
+        choices=sorted(PRODUCERS),
+        default="registrar",
+        help="each run: the project's registrar and its worker processes, or direct: the worker's registration "
+        "in a thread, so that the server and not the runs' CPU bounds the load (module docstring)",
+    )
+    parser.add_argument(
         "--merge",
         type=Path,
         nargs="+",
@@ -367,16 +572,23 @@ def main() -> int:
     add_result_options(parser, None)
     args = parser.parse_args()
     faults = [fault for fault in args.faults.split(",") if fault]
+    if faults and args.producer == "direct":
+        parser.error("--faults measures the registrars' runs: --producer registrar")
     args.out = args.out or REPO / "docs" / "mlflow" / ("registry-faults.json" if faults else "registry-load.json")
     if args.merge:
-        parts = [json.loads(path.read_text(encoding="utf-8")) for path in args.merge]
+        files = [json.loads(path.read_text(encoding="utf-8")) for path in args.merge]
+        for file in files:  # a load measured before loads recorded their interval and producer: its file's
+            for measured in file["loads"]:
+                measured.setdefault("interval_s", file["interval_s"])
+                measured.setdefault("producer", "registrar")
+        parts = [part for file in files for part in file.get("parts", [file])]  # a merged file: its own parts
         write_result(args.out, {
             **provenance(" ".join(["python benchmarks/registry_load.py", *sys.argv[1:]])),
             "result_file": shown(args.out),
-            "server_workers": parts[0]["server_workers"],
-            "interval_s": parts[0]["interval_s"],
+            "server_workers": files[0]["server_workers"],
+            "interval_s": files[0]["interval_s"],
             "parts": [{key: part[key] for key in ("command", "commit", "dirty", "machine")} for part in parts],
-            "loads": [measured for part in parts for measured in part["loads"]],
+            "loads": [measured for file in files for measured in file["loads"]],
         })  # fmt: skip
         args.from_result = True
 
@@ -387,13 +599,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="registry-load-") as tmp:
             work = Path(tmp)
             checkpoint = args.checkpoint or make_checkpoint(work / "checkpoint")
+            source = checkpoint if args.producer == "registrar" else direct_student(checkpoint, work / "student")
             moto = MotoServer(work / "moto.log")
             try:
                 moto.start()
                 if faults:
-                    loads = [load("postgresql", work, checkpoint, moto, args, fault) for fault in faults]
+                    loads = [load("postgresql", work, source, moto, args, fault) for fault in faults]
                 else:
-                    loads = [load(backend, work, checkpoint, moto, args) for backend in args.backends.split(",")]
+                    loads = [load(backend, work, source, moto, args) for backend in args.backends.split(",")]
             finally:
                 moto.stop()
         return {

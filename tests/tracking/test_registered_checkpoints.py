@@ -142,6 +142,54 @@ def test_due_saves_are_queued_and_the_last_step_is_left_to_the_end_of_training(t
     assert not registrar.thread.is_alive()
 
 
+@pytest.mark.parametrize("through", ["server", "local file"])
+def test_a_registration_the_database_refused_is_one_line_naming_the_cause_and_the_fix(
+    through, tmp_path, monkeypatch, capsys
+):
+    """SQLite refuses a write that waited past its busy timeout as 'database is locked' (docs/mlflow-server.md
+    measures from which load): a server answers 503, which reaches the worker without the body (its client makes
+    one attempt per request); a store on a local file says it itself. Either way the worker prints one line that
+    names the cause (SQLite's one writer) and the fix (PostgreSQL), and exits to be retried (not as refused); the
+    registrar's warning, which quotes the worker's last line, quotes all of it."""
+    from mlflow.exceptions import MlflowException
+
+    from trainer.commands import register_checkpoints
+    from trainer.tracking.checkpoints import last_line
+
+    def refuse(*args, **kwargs):
+        raise MlflowException(SERVER_503 if through == "server" else LOCAL_LOCKED)
+
+    snapshot(fake_checkpoint(tmp_path, 10), tmp_path / QUEUE_DIR, {"step": 10})
+    monkeypatch.setattr(register_checkpoints, "register_snapshot", refuse)
+    rc = register_checkpoints.main([str(tmp_path / QUEUE_DIR), "--name", "s", "--run-id", "r", "--tracking-uri", "x"])
+    said = capsys.readouterr().err.strip()
+    assert rc == 1  # retried by the registrar, like an outage: not REFUSED
+    assert "\n" not in said and "INSERT" not in said and "HTTPConnectionPool" not in said
+    assert said.startswith("error: registering the student of step 10: ")
+    assert ("503" if through == "server" else "SQLite database is locked") in said
+    for part in ("one writer at a time", "PostgreSQL", "launch/mlflow-server.sh", "docs/mlflow-server.md"):
+        assert part in said
+    (tmp_path / WORKER_LOG).write_text(f"...\n{said}\n")
+    assert last_line(tmp_path / WORKER_LOG) == said  # the registrar's warning quotes it whole
+
+
+# What a register-checkpoints worker got while another connection held the SQLite file of its server locked
+SERVER_503 = (
+    "API request to http://127.0.0.1:44091/api/2.0/mlflow/model-versions/search failed with exception "
+    "HTTPConnectionPool(host='127.0.0.1', port=44091): Max retries exceeded with url: "
+    "/api/2.0/mlflow/model-versions/search?filter=name+%3D+%27m%27+and+tags.run_id+%3D+%27b8f2105ebc634669b81157b"
+    "dd6b6ce6a%27+and+tags.step+%3D+%272%27&max_results=10000 (Caused by ResponseError('too many 503 error "
+    "responses'))"
+)
+# SQLAlchemy's error, as a store on a local SQLite file raises it
+LOCAL_LOCKED = (
+    "(sqlite3.OperationalError) database is locked\n[SQL: INSERT INTO model_versions (name, version, "
+    "creation_time, last_updated_time, description, user_id, current_stage, source, storage_location, run_id, "
+    "run_link, status, status_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)]\n(Background on this "
+    "error at: https://sqlalche.me/e/20/e3q8)"
+)
+
+
 def test_a_version_is_found_by_run_and_step_and_an_alias_only_moves_forward(mlflow_server):
     from mlflow import MlflowClient
 

@@ -27,7 +27,13 @@ from typing import Any
 from trainer.commands.export import export
 from trainer.tracking.checkpoints import REFUSED, REQUEST, pending_snapshots, remove_snapshot
 from trainer.tracking.config import MlflowConfig, limit_http_retries, resolve_tracking_uri
-from trainer.tracking.registry import advance_alias, refusal, register_student, registered_version
+from trainer.tracking.registry import (
+    advance_alias,
+    database_refused,
+    refusal,
+    register_student,
+    registered_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +101,8 @@ def main(argv: list[str]) -> int:
             if refused is not None:  # retrying cannot help: the registrar stops trying for this run
                 print(f"error: registering the student of step {step}: {refused}", file=sys.stderr)
                 return REFUSED
-            print(f"error: registering the student of step {step}: {type(err).__name__}: {err}", file=sys.stderr)
+            said = database_refused(err) or f"{type(err).__name__}: {err}"  # the registrar warns with this line
+            print(f"error: registering the student of step {step}: {said}", file=sys.stderr)
             return 1
         remove_snapshot(snapshot)
         print(f"registered the student of step {step} as {ns.name} version {version.version}", flush=True)

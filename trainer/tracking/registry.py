@@ -213,7 +213,8 @@ def register_or_explain(
         )
     except Exception as err:
         command = register_command(model_dir, **target, task=task)
-        log.error("MLflow: %s", refusal(err, cfg.register_as) or f"registering the student failed: {err}")
+        explained = refusal(err, cfg.register_as) or database_refused(err)
+        log.error("MLflow: %s", explained or f"registering the student failed: {err}")
         print(f"The model stays in {model_dir}. Register it later with:\n  {command}", file=sys.stderr)
 
 
@@ -231,6 +232,33 @@ def refusal(err: Exception, name: str) -> str | None:
     return (
         f"{who} may not register versions of {name!r} or move its aliases (HTTP 403 {err.error_code}): "
         "ask the model's owner or an admin for EDIT on it"
+    )
+
+
+SQLITE_LOCKED = "database is locked"  # SQLite's answer to a write that waited past its busy timeout for the lock
+SERVER_503 = "too many 503 error responses"  # a server's HTTP 503 to MLflow's client making one attempt a request
+
+
+def database_refused(err: Exception) -> str | None:
+    """One line for a registration that the registry's database refused, naming the likely cause and the fix;
+    None for any other error. SQLite lets one writer at a time hold the whole file, and a write that waited past
+    its busy timeout (MLflow's: 20 s) fails with ``database is locked``: under concurrent registrations (a
+    sweep's runs on one server) that is the backend's limit, not an outage; the fix is a server on PostgreSQL
+    (docs/mlflow-server.md measures the load from which SQLite refuses). A store on a local SQLite file says
+    so itself. Through a server it arrives as HTTP 503 (MLflow's server answers 503 for any database error that
+    may pass: SQLite's lock, a PostgreSQL restart), and MLflow's client, making one attempt per request
+    (:func:`~trainer.tracking.config.limit_http_retries`), drops the body that names the error: the line then
+    says where to read which (the server's log)."""
+    said = str(err)
+    if SQLITE_LOCKED in said:
+        cause = "the registry's SQLite database is locked"
+    elif SERVER_503 in said:
+        cause = "the MLflow server answered 503, its database refused (on SQLite: 'database is locked', see its log)"
+    else:
+        return None
+    return (  # one line, short enough for the registrar's warning (it quotes a worker's last 300 characters)
+        f"{cause}; SQLite takes one writer at a time; retried, but a team's server belongs on PostgreSQL: "
+        "launch/mlflow-server.sh, docs/mlflow-server.md"
     )
 
 
@@ -290,7 +318,7 @@ def main(argv: list[str]) -> int:
             ns.student_dir, name=ns.name, alias=ns.alias, run_id=ns.run_id, tracking_uri=tracking_uri, task=ns.task
         )
     except MlflowException as err:
-        print(f"error: {command}: {refusal(err, ns.name) or err.message}", file=sys.stderr)
+        print(f"error: {command}: {refusal(err, ns.name) or database_refused(err) or err.message}", file=sys.stderr)
         return 1
     print(f"registered {ns.name} version {version.version}" + (f" as @{ns.alias}" if ns.alias else ""))
     return 0
