@@ -142,7 +142,13 @@ def test_due_saves_are_queued_and_the_last_step_is_left_to_the_end_of_training(t
     assert not registrar.thread.is_alive()
 
 
-@pytest.mark.parametrize("through", ["server", "local file"])
+TIMED_OUT = (  # what a worker's client says when the server's SQLite lock wait outlasts its request timeout
+    "API request to endpoint /api/2.0/mlflow/model-versions/create failed with exception "
+    "HTTPConnectionPool(host='127.0.0.1', port=5000): Read timed out. (read timeout=15)"
+)
+
+
+@pytest.mark.parametrize("through", ["server", "local file", "timeout"])
 def test_a_registration_the_database_refused_is_one_line_naming_the_cause_and_the_fix(
     through, tmp_path, monkeypatch, capsys
 ):
@@ -157,7 +163,7 @@ def test_a_registration_the_database_refused_is_one_line_naming_the_cause_and_th
     from trainer.tracking.checkpoints import last_line
 
     def refuse(*args, **kwargs):
-        raise MlflowException(SERVER_503 if through == "server" else LOCAL_LOCKED)
+        raise MlflowException({"server": SERVER_503, "local file": LOCAL_LOCKED, "timeout": TIMED_OUT}[through])
 
     snapshot(fake_checkpoint(tmp_path, 10), tmp_path / QUEUE_DIR, {"step": 10})
     monkeypatch.setattr(register_checkpoints, "register_snapshot", refuse)
@@ -166,7 +172,8 @@ def test_a_registration_the_database_refused_is_one_line_naming_the_cause_and_th
     assert rc == 1  # retried by the registrar, like an outage: not REFUSED
     assert "\n" not in said and "INSERT" not in said and "HTTPConnectionPool" not in said
     assert said.startswith("error: registering the student of step 10: ")
-    assert ("503" if through == "server" else "SQLite database is locked") in said
+    named = {"server": "503", "local file": "SQLite database is locked", "timeout": "did not answer within"}
+    assert named[through] in said
     for part in ("one writer at a time", "PostgreSQL", "launch/mlflow-server.sh", "docs/mlflow-server.md"):
         assert part in said
     (tmp_path / WORKER_LOG).write_text(f"...\n{said}\n")

@@ -237,6 +237,7 @@ def refusal(err: Exception, name: str) -> str | None:
 
 SQLITE_LOCKED = "database is locked"  # SQLite's answer to a write that waited past its busy timeout for the lock
 SERVER_503 = "too many 503 error responses"  # a server's HTTP 503 to MLflow's client making one attempt a request
+READ_TIMEOUT = "Read timed out"  # requests' words for a server that did not answer within the client's timeout
 
 
 def database_refused(err: Exception) -> str | None:
@@ -248,12 +249,17 @@ def database_refused(err: Exception) -> str | None:
     so itself. Through a server it arrives as HTTP 503 (MLflow's server answers 503 for any database error that
     may pass: SQLite's lock, a PostgreSQL restart), and MLflow's client, making one attempt per request
     (:func:`~trainer.tracking.config.limit_http_retries`), drops the body that names the error: the line then
-    says where to read which (the server's log)."""
+    says where to read which (the server's log). With the default ``mlflow.request_timeout_s`` (15 s) the client
+    gives up before SQLite's 20 s lock wait ends, so a read timeout gets the same line, hedged."""
     said = str(err)
     if SQLITE_LOCKED in said:
         cause = "the registry's SQLite database is locked"
     elif SERVER_503 in said:
         cause = "the MLflow server answered 503, its database refused (on SQLite: 'database is locked', see its log)"
+    elif READ_TIMEOUT in said:  # the lock wait (20 s) outlasts the default request timeout (15 s): no 503 arrives
+        cause = (
+            "the MLflow server did not answer within mlflow.request_timeout_s (busy, or on SQLite waiting for its lock)"
+        )
     else:
         return None
     return (  # one line, short enough for the registrar's warning (it quotes a worker's last 300 characters)
