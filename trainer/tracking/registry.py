@@ -263,7 +263,7 @@ def database_refused(err: Exception) -> str | None:
     else:
         return None
     return (  # one line, short enough for the registrar's warning (it quotes a worker's last 300 characters)
-        f"{cause}; SQLite takes one writer at a time; retried, but a team's server belongs on PostgreSQL: "
+        f"{cause}; SQLite takes one writer at a time; a team's server belongs on PostgreSQL: "
         "launch/mlflow-server.sh, docs/mlflow-server.md"
     )
 
