@@ -30,11 +30,10 @@ sum of the gradients that two compiled losses send to the same logits, 0.45 GB o
 
 On a CPU it is an estimate for a GPU: Inductor's CPU backend generates C++ loops, not Triton kernels, and
 its fusion differs in places (it has an outer-loop fusion of its own), so the bytes are what compile could
-reach rather than what a GPU compile measures. The CPU count compiles the step at two micro-batches (4 and 8)
-and carries the counts along the line through them to each micro-batch asked for (activations grow with the
-batch, weights do not; :func:`along_the_batch`); the two compiles must make the same library calls and
-kernels in the same categories, or it says so. On CUDA it counts each micro-batch asked for, as the GPU
-compiles it: that is the compiled step's true floor, to set beside its measured time.
+reach rather than what a GPU compile measures. On CUDA it is the compiled step's true floor, to set beside its
+measured time. Either way each micro-batch asked for is compiled and counted as it is (the CPU estimate at
+distilbert-base's sizes is answered: docs/log/benchmarks.md; its line through two small compiles is retired,
+benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -74,9 +73,6 @@ from trainer.objective.distiller import Distiller
 from trainer.objective.masking import MaskedBatch, Positions, max_masked
 from trainer.runtime.profiling import op_category
 
-# The two micro-batches a CPU count compiles: 1 is specialised as a broadcast size, and at 2 Inductor fused the
-# embeddings' gather into another kernel than at 4, 6 and 8
-CPU_BATCHES = (4, 8)
 MATMUL_KERNELS = ("mm", "addmm", "bmm")  # Inductor's extern_kernels.<name>
 NAME_LENGTH = 72  # a fused kernel's name, cut to fit a table
 
@@ -257,62 +253,6 @@ def count_batch(cfg: TrainConfig, seq_len: int, micro_batch: int, device: torch.
     return kernel_costs(nodes)
 
 
-def along_the_batch(small: list[OpCost], large: list[OpCost], batches: tuple[int, int], target: int) -> list[OpCost]:
-    """The kernels at ``target``, on the line through their counts at the two ``batches``.
-
-    Library calls (matmuls, attention, ...) are paired by kind, in order: the k-th ``mm`` of one count with the
-    k-th of the other (the scheduler may order a matmul and a generated kernel beside it differently at another
-    size, not two matmuls). Generated kernels are not paired one by one: the two compiles may fuse a few ops
-    differently (the embeddings' gather, at 2 and 4), so each category's bytes go on the line through its two
-    sums, and each kernel of the larger count keeps its share of its category. Their floor is their bytes alone,
-    so each category's floor is that line's, whatever the pairing."""
-    step = (target - batches[0]) / (batches[1] - batches[0])
-
-    def at_target(a: float, b: float) -> float:
-        return a + (b - a) * step
-
-    def split(ops: list[OpCost]) -> tuple[dict[tuple[str, str], list[OpCost]], dict[str, int]]:
-        library: dict[tuple[str, str], list[OpCost]] = {}
-        generated: dict[str, int] = {}
-        for op in ops:
-            if op.name.startswith("fused_"):
-                generated[op.category] = generated.get(op.category, 0) + op.bytes
-            else:
-                library.setdefault((op.name, op.category), []).append(op)
-        return library, generated
-
-    (first, first_generated), (second, second_generated) = split(small), split(large)
-    if {kind: len(ops) for kind, ops in first.items()} != {kind: len(ops) for kind, ops in second.items()} or set(
-        first_generated
-    ) != set(second_generated):
-        raise RuntimeError(
-            f"Inductor generated different kernels at micro-batches {batches[0]} and {batches[1]} "
-            f"({len(small)} and {len(large)}); count on the device at the micro-batch itself"
-        )
-    ops = [
-        OpCost(a.name, a.category, round(at_target(a.flops, b.flops)), round(at_target(a.bytes, b.bytes)))
-        for kind, library in first.items()
-        for a, b in zip(library, second[kind], strict=True)
-    ]
-    for op in large:
-        if op.name.startswith("fused_"):
-            total = second_generated[op.category]
-            share = op.bytes / total if total else 0.0
-            ops.append(OpCost(op.name, op.category, 0, round(share * at_target(first_generated[op.category], total))))
-    return ops
-
-
-def count_compiled_step(
-    cfg: TrainConfig, seq_len: int, micro_batches: list[int], device: torch.device
-) -> dict[int, list[OpCost]]:
-    """The compiled forward and backward's kernels at each of ``micro_batches`` x ``seq_len``: on CUDA compiled at
-    each, on a CPU along the line through two small compiles (:data:`CPU_BATCHES`)."""
-    if device.type == "cuda":
-        return {b: count_batch(cfg, seq_len, b, device) for b in micro_batches}
-    small, large = (count_batch(cfg, seq_len, b, device) for b in CPU_BATCHES)
-    return {b: along_the_batch(small, large, CPU_BATCHES, b) for b in micro_batches}
-
-
 def compiled_report(
     kernels: list[OpCost],
     trainable: int,
@@ -337,10 +277,11 @@ def compiled_floor(
     peak_flops: float,
     device: torch.device,
 ) -> dict[int, dict[str, Any]]:
-    """Per micro-batch: :func:`count_compiled_step`, then :func:`compiled_report` against ``plan``'s model FLOPs."""
+    """Per micro-batch: :func:`count_batch`, then :func:`compiled_report` against ``plan``'s model FLOPs."""
     trainable, weight_bytes = trainable_parameters(cfg)
     reports = {}
-    for micro, kernels in count_compiled_step(cfg, seq_len, micro_batches, device).items():
+    for micro in micro_batches:
+        kernels = count_batch(cfg, seq_len, micro, device)
         flops = model_flops(cfg, seq_len, micro)
         report = compiled_report(kernels, trainable, flops, matmul_flops, bandwidth, peak_flops, weight_bytes)
         reports[micro] = {**report, "micro_batch_size": micro, "seq_len": seq_len, "counted_on": device.type}
