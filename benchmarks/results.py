@@ -23,7 +23,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks import demo_time, registry_load, suite_time  # noqa: E402
+from benchmarks import demo_time, suite_time  # noqa: E402
 from benchmarks.demo_time import minutes  # noqa: E402
 from benchmarks.quality.ablation_report import comparison_lines, comparisons, run_name  # noqa: E402
 from benchmarks.suite_time import made_by, render_between_markers  # noqa: E402
@@ -35,8 +35,8 @@ ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 CPU_ABLATION = Path("docs/quality/ablation-cpu-2026-11-29")
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
-REGISTRY_LOAD = Path("docs/mlflow/registry-load.json")  # benchmarks/registry_load.py
-REGISTRY_FAULTS = Path("docs/mlflow/registry-faults.json")  # benchmarks/registry_load.py --faults
+REGISTRY_LOAD = Path("docs/mlflow/registry-load.json")  # registry_load.py, retired (benchmarks/README.md)
+REGISTRY_FAULTS = Path("docs/mlflow/registry-faults.json")  # its --faults
 TASK_DISTILL = Path("docs/quality/task-distill.json")
 TASKS = Path("benchmarks/quality/tasks/tasks.json")  # the suite's task files, with each one's bag-of-words baseline
 SEPARATION = Path("docs/quality/suite-separation.json")  # MiniLM against bag-of-words on 500 train, with chance
@@ -275,14 +275,102 @@ def suite_time_table() -> str:
     return f"{suite_time.table(result)}\n{made_by(result, cpus, file=SUITE_TIME)}."
 
 
+def fault_words(fault: dict | None) -> str:
+    if fault is None:
+        return "-"
+    when = f"at {fault['at_s']:g} s"
+    if "after_versions" in fault:
+        when += f", once version {fault['after_versions']} was in"
+    if fault["kind"] == "pg-restart":
+        return f"`pg_ctl restart -m fast` {when} (over in {fault['down_s']:.1f} s)"
+    return f"S3 unreachable for {fault['down_s']:.0f} s {when}"
+
+
+# registry_load.py's --producer (retired: benchmarks/README.md), as the table says it
+PRODUCERS = {"registrar": "registrar's workers", "direct": "direct (a process each, no export)"}
+
+
 def registry_load_table() -> str:
-    return registry_load.table(load(REGISTRY_LOAD)) if (REPO / REGISTRY_LOAD).exists() else "Not measured yet."
+    """docs/mlflow-server.md's load table: per load, what was registered, lost or duplicated, the failed attempts
+    (retried) and how many of them SQLite refused as locked, the rate and the latency."""
+    result = load(REGISTRY_LOAD)
+    rows = [
+        "| backend | runs registering through | fault mid-load | concurrent runs | checkpoint every (s) | versions "
+        "| registered | lost | duplicated | failed attempts (retried) | of which the database refused (503) "
+        "| of which request timeouts | 'database is locked' in the server's log (lines) | registrations/s "
+        "| latency p50 (s) | p95 (s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["loads"]:
+        lost, duplicated = lost_and_duplicated(r)
+        failed = r.get("failed_by_cause", {})
+        rows.append(
+            f"| {backend_words(r)} | {PRODUCERS[r.get('producer', 'registrar')]} | {fault_words(r.get('fault'))} | "
+            f"{r['producers']} | {r.get('interval_s', result['interval_s']):g} | {r['expected']} | "
+            f"{r['registered']} | {lost} | {duplicated} | {r['failed_attempts']} | "
+            f"{failed.get('database refused', 0)} | {failed.get('request timeout', 0)} | "
+            f"{r.get('server_log_locked_lines', '-')} | "
+            f"{r['registrations_per_s']:.2f} | {latency(r, 'p50')} | {latency(r, 'p95')} |"
+        )
+    machine = result["machine"]
+    measured = [part["machine"] for part in result.get("parts", [])] or [machine]  # a merged file: each part's
+    averages = " and ".join(f"{m['load_average_at_end'][1]:.0f}" for m in measured)
+    busy = f"load average {averages} over the last 5 minutes (shared with other jobs)"
+    setup = f"{result['server_workers']} server workers"
+    where = "the server, the stores and the runs on one machine"
+    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", busy, setup, where)]
+    if "parts" in result:  # merged: each backend's own measurement
+        rows[-1] += "; measured by " + " and ".join(f"`{part['command']}`" for part in result["parts"])
+    return "\n".join(rows)
+
+
+def latency(measured: dict, percentile: str) -> str:
+    return f"{measured['latency_s'][percentile]:.1f}" if measured["latency_s"] else "-"  # none registered: no latency
+
+
+def backend_words(measured: dict) -> str:
+    """The load's backend, and whether its server checked passwords (a load measured before --auth did)."""
+    return measured["backend"] + ("" if measured.get("auth", "basic") == "basic" else ", no auth")
+
+
+def lost_and_duplicated(measured: dict) -> tuple[int, int]:
+    """A load's lost and duplicated steps (a load measured before they were counted apart found neither)."""
+    if "lost" in measured:
+        return measured["lost"], measured["duplicated"]
+    assert not measured["problems"], "a load with problems records its lost and duplicated steps"
+    return 0, 0
 
 
 def registry_faults_table() -> str:
-    if not (REPO / REGISTRY_FAULTS).exists():
-        return "Not measured yet."
-    return registry_load.faults_table(load(REGISTRY_FAULTS))
+    """docs/mlflow-server.md's "Faults under load": each fault's load, its checks and what training saw."""
+    result = load(REGISTRY_FAULTS)
+    rows = [
+        "| fault mid-load | concurrent runs | versions | registered | lost, duplicated, misordered or untagged "
+        "| failed attempts (retried) | training time inside the registrar (max of runs) | run status while training "
+        "/ at its end | latency p50 / p95 (s) | end of training's wait for the queue, max (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in result["loads"]:
+        runs = r["runs"]
+        fault = fault_words(r["fault"])
+        if r["fault"]["at_s"] < min(run["training_s"] for run in runs):  # else in the end's wait for the queue
+            fault += ", while every run trained"
+        during = "/".join(sorted({s for run in runs for s in run["status_while_training"]})) or "-"
+        ended = "/".join(sorted({run["status_at_end"] for run in runs}))
+        latencies, end_wait = r["latency_s"], max(run["end_wait_s"] for run in runs)
+        rows.append(
+            f"| {fault} | {r['producers']} | {r['expected']} | {r['registered']} | "
+            f"{len(r['problems'])} | {r['failed_attempts']} | {r['step_time_share_max']:.4%} | {during} / {ended} | "
+            f"{latencies['p50']:.0f} / {latencies['p95']:.0f} | {end_wait:.0f} |"
+        )
+    machine = result["machine"]
+    busy = f"load average {machine['load_average_at_end'][1]:.0f} over the last 5 minutes (shared with other jobs)"
+    setup = (
+        f"PostgreSQL, S3 (moto) and basic auth, {result['server_workers']} server workers, a checkpoint every "
+        f"{result['interval_s']:g} s per run, the server, the stores and the runs on one machine"
+    )
+    rows += ["", made_by(result, f"{machine['cpus']} CPUs ({machine['cpu']})", busy, setup)]
+    return "\n".join(rows)
 
 
 def demo_time_table() -> str:
