@@ -49,12 +49,10 @@ postgres-packages:
 # one pytest session, so that the fixtures they share are built once; the fast tier's tests held to the limit.
 FAST_LIMIT_S ?= 15
 # The whole suite's budget (printed against the run's time, with the slowest tests once over it) and its limit
-# (the session fails above it), so that growth shows before CI's own 90 minutes. The limit is 4,500 s, not the
-# 3,600 s issue 70 asks for, until the suite is under its budget: on a 2-core machine of CI's kind the whole
-# suite took 3,574 s at 1e9abef (docs/test-suite/suite-time.json), 26 s under 3,600 s, and a limit that fails a
-# passing suite on a slower machine would stop everything landing.
+# (the session fails above it), so that growth shows long before CI's own 90 minutes. CI's whole `.ci/run` took
+# 3,029 s at 7e46822 (setup and Debian's packages included); the suite is held under 3,600 s from here on.
 SUITE_BUDGET_S ?= 1800
-SUITE_LIMIT_S ?= 4500
+SUITE_LIMIT_S ?= 3600
 
 test: setup
 	$(VENV)/bin/ruff check .
