@@ -391,9 +391,10 @@ def check_latest_is_complete(out: Path, world: int = 2) -> None:
 
 def kill_and_resume(
     launch: Callable[[], subprocess.Popen], out: Path, *, rank: int, max_steps: int, timeout: float
-) -> None:
+) -> list[dict]:
     """Launch a run into ``out``, SIGKILL its ``rank`` two steps after a checkpoint, then relaunch it to the
-    end and check that it resumed from that checkpoint."""
+    end and check that it resumed from that checkpoint. Returns the records the killed launch logged (those of
+    ``metrics.jsonl`` before the relaunch): the steps it took past the checkpoint, which the relaunch redoes."""
     proc = launch()
     deadline = time.monotonic() + timeout
     while True:  # wait for a checkpoint and two more steps, then SIGKILL the rank
@@ -416,8 +417,10 @@ def kill_and_resume(
     resumed_from = latest_step(out)
     logged_before_kill = max(train_losses(out, ("train/loss",)))
     assert resumed_from < logged_before_kill < max_steps
+    killed = records(out)
     finish_run(launch(), out, timeout)
     assert f"resumed from step {resumed_from}" in (out.parent / f"{out.name}.log").read_text()
+    return killed
 
 
 # ------------------------------------------------------------------ a real MLflow tracking server
