@@ -73,7 +73,7 @@ def team_mlflow_server(
     )
     server.start()
     try:
-        server.add_client_user(*TEAM_USER)
+        server.add_client_user(*TEAM_USER, cheap_hash=True)
         yield server
     finally:
         server.stop()

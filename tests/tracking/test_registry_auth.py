@@ -34,14 +34,19 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-auth"), app_name="basic-auth")
     server.start()
     for user, password in USERS.items():
-        server.add_user(user, password)
+        server.add_user(user, password, cheap_hash=True)
     yield server
     server.stop()
 
 
+def credentials(user: str, password: str | None = None) -> dict[str, str]:
+    """What a client signing in as ``user`` sets (their own password unless ``password``)."""
+    return {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password or USERS[user]}
+
+
 def as_user(monkeypatch: pytest.MonkeyPatch, user: str, password: str | None = None) -> None:
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password or USERS[user])
+    for variable, value in credentials(user, password).items():
+        monkeypatch.setenv(variable, value)
 
 
 def settings(uri: str, experiment: str) -> list[str]:
@@ -94,9 +99,18 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
 
     uri = auth_server.uri
 
+    # The three launches run at once (each mostly waits on its own imports and registrations): wrong credentials,
+    # alice's and bob's. Alice creates the model first, so that it is hers (MANAGE) before bob's run asks.
+    as_user(monkeypatch, "alice")
+    client = MlflowClient(uri)
+    client.create_registered_model(NAME)
+    wrong = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "wrong", settings(uri, "alice-runs"),
+                   credentials("alice", "not-her-password"))  # fmt: skip
+    alice = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "alice", settings(uri, "alice-runs"),
+                   credentials("alice"))  # fmt: skip
+    bob = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "bob", settings(uri, "bob-runs"), credentials("bob"))
+
     # Wrong credentials: refused before the teacher's weights are read, one line naming the user.
-    as_user(monkeypatch, "alice", "not-her-password")
-    wrong = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "wrong", settings(uri, "alice-runs"))
     assert wrong.process.wait(timeout=300) != 0
     log = wrong.log_path.read_text()
     bad_credentials = f"error: mlflow: the tracking server at {uri} refused the credentials of user 'alice' (HTTP 401)"
@@ -105,10 +119,7 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     assert "Loading weights" not in log and not (tmp_path / "wrong" / "metrics.jsonl").exists()
 
     # Alice: trains, registers (checkpoints and the final student), pulls.
-    as_user(monkeypatch, "alice")
-    alice = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "alice", settings(uri, "alice-runs"))
     alice.wait()
-    client = MlflowClient(uri)
     production = client.get_model_version_by_alias(NAME, "production")
     assert production.tags["kind"] == "final"
     pulled = trainer_cli("pull", f"models:/{NAME}@production", str(tmp_path / "pulled"), "--tracking-uri", uri)
@@ -121,8 +132,6 @@ def test_a_shared_registry_lets_its_users_in_where_they_belong_and_nowhere_else(
     assert "Traceback" not in pulled.stderr and not (tmp_path / "not-pulled").exists()
 
     # Bob: READ on alice's model. His run finishes; the registry refuses him once per path, in one line each.
-    as_user(monkeypatch, "bob")
-    bob = Launch(tiny_teacher_dir, tiny_dataset_dir, tmp_path / "bob", settings(uri, "bob-runs"))
     log = bob.wait()
     refused = f"user 'bob' may not register versions of '{NAME}' or move its aliases (HTTP 403"
     assert log.count(refused) >= 1, log[-4000:]
