@@ -509,8 +509,8 @@ class MlflowServer:
         ``werkzeug.security.generate_password_hash`` writes for ``pbkdf2:sha256:1``). The server still checks the
         password of every request against it, as it does any hash; only the cost goes: the default scrypt hash
         takes about 0.1 s of CPU per request (more on a busy machine), which on a test's two cores competes
-        with the training it serves, for hundreds of requests a launch. Tests pass it; a benchmark of the
-        server's load (benchmarks/registry_load.py) keeps the deployed cost."""
+        with the training it serves, for hundreds of requests a launch. Tests pass it; a measurement of the
+        server's load keeps the deployed cost (as the retired benchmarks/registry_load.py did)."""
         self.as_admin("/api/2.0/mlflow/users/create", username=username, password=password)
         if cheap_hash:
             import sqlalchemy
