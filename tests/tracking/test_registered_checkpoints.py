@@ -386,13 +386,12 @@ def wait_for(condition, timeout: float, what: str) -> None:
 def test_registrations_under_faults_wait_retry_and_land_once_each_in_order_while_training_never_waits(
     team_mlflow_server, postgres, team_s3, tiny_checkpoint_dir, tmp_path, monkeypatch
 ):
-    """The faults of the retired benchmarks/registry_load.py at a test's size: a training loop hands a real
-    checkpoint to the
-    registrar every 10 steps on the team's server. PostgreSQL is stopped before the first is due and started
+    """The faults of the retired benchmarks/registry_load.py at a test's size: a training loop hands a real checkpoint
+    to the registrar every 10 steps on the team's server. PostgreSQL is stopped before the first is due and started
     once a registration has failed on it; then S3 is unreachable (``team_s3`` refuses every connection) until a
-    registration has failed on that. Every due step becomes one version, tagged, in step order; the loop spends
-    a negligible share of its time inside the registrar; the run reads RUNNING while it trains and FINISHED
-    once it ends."""
+    registration has failed on that. Every due step becomes one version, tagged, in step order; the loop spends a
+    negligible share of its time inside the registrar; the run reads RUNNING while it trains and FINISHED once it
+    ends."""
     from mlflow import MlflowClient
 
     server, name, due = team_mlflow_server, "faulted-student", (10, 20)
