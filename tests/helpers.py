@@ -6,6 +6,7 @@ A plain module (not a conftest) so that tests can import it unambiguously: ``fro
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -134,23 +135,24 @@ def record_fault(name: str, **record: object) -> None:
         (Path(where) / f"{name}.json").write_text(json.dumps({"test": test, **record}, indent=2))
 
 
+PROBED: dict[tuple[int, tuple[str, ...]], dict] = {}  # engine_probe's launches in this session, by their arguments
+
+
 def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
     """Launch ``tests/trainer/engine_probe.py`` with the real ``deepspeed`` launcher on ``ranks`` CPU ranks (gloo)
     over ``configs/tiny-cpu.yaml`` and ``overrides``; its measurements (memory held, communication per step,
-    checkpoint bytes)."""
-    out = out_dir / "engine.json"
-    deepspeed = Path(sys.executable).parent / "deepspeed"
-    cmd = [str(deepspeed), "--num_gpus", str(ranks), "tests/trainer/engine_probe.py", str(out), "configs/tiny-cpu.yaml"]
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    done = run_in_repo([*cmd, *overrides], env, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(out.read_text())
+    checkpoint bytes). Once a session for the same ranks and overrides: the memory and the communication tests
+    (test_plan.py, test_plan_cluster.py) read one launch where they probe the same engine."""
+    key = (ranks, tuple(overrides))
+    if key not in PROBED:
+        out = out_dir / "engine.json"
+        deepspeed = Path(sys.executable).parent / "deepspeed"
+        cmd = [str(deepspeed), "--num_gpus", str(ranks), "tests/trainer/engine_probe.py", str(out)]
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        done = run_in_repo([*cmd, "configs/tiny-cpu.yaml", *overrides], {**env, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        PROBED[key] = json.loads(out.read_text())
+    return copy.deepcopy(PROBED[key])
 
 
 def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
