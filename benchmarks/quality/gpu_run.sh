@@ -21,7 +21,8 @@
 #      (evaluate-suite's work_dir), an interrupted evaluate-mlm starts again.
 # OUTDIR receives (8 files at most, what the device tool returns): progress.md (what is done, what was
 # running), runs.tsv, ablation-FAMILY.json for each family whose scores are done (also when the guard
-# stopped the other) and ablation.md (their table), else scores-FAMILY.tar (a plain tar of the family's
+# stopped the other; under ABLATION_PROTOCOL with the study's comparisons decided, and suite-FAMILY.json beside it,
+# the predictions they are decided from) and ablation.md (their table), else scores-FAMILY.tar (a plain tar of the family's
 # score reports that are done: mlm-, suite-, probe-FAMILY.json), ablation.log (the script's output),
 # logs.txt (the last lines of every step's log) and versions.txt. Back here, `ablation_report.py OUT
 # --merge FILES` joins the reports.
@@ -91,9 +92,12 @@ for family in $FAMILIES; do
     if [ -f "$RUN/mlm-$family.json" ] && [ -f "$RUN/suite-$family.json" ] && [ -f "$RUN/probe-$family.json" ] &&
         "$PY" benchmarks/quality/ablation_report.py "$RUN" --scale "$SCALE" --corpora "$CORPORA_LABEL" \
             --wall-seconds "$SECONDS" --families "$family" --jobs "$ABLATION_JOBS" --into "$RUN/report-$family" \
-            >/dev/null; then
+            ${ABLATION_PROTOCOL:+--protocol "$ABLATION_PROTOCOL"} >/dev/null; then
         cp "$RUN/report-$family/ablation.json" "$OUTDIR/ablation-$family.json"
         done_families+=("ablation-$family.json")
+        # a study's decision is recomputed here from the suite's predictions (results.py --check): they come back
+        # too; a protocol names one family, so this is the call's 8th file at most
+        [ -z "${ABLATION_PROTOCOL:-}" ] || cp "$RUN/suite-$family.json" "$OUTDIR/"
     else  # its scores that are done, in its file's place: measured device minutes are not thrown away
         scores=()
         for kind in mlm suite probe; do [ -f "$RUN/$kind-$family.json" ] && scores+=("$kind-$family.json"); done
