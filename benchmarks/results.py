@@ -257,15 +257,28 @@ def separation_row() -> str:
 
 
 def task_distill_row() -> str:
+    """The task-distillation study: the protocol's comparisons with their Holm-decided verdicts, or, for a record
+    made before the protocol, its two headline differences labelled so."""
     result = load(TASK_DISTILL)
-    by_pair = {(d["first"], d["second"]): d for d in result["differences"]}
-    alone = by_pair[("task-distilled", "fine-tuned alone")]
-    control = by_pair[("task-distilled + augmentation", "fine-tuned on the augmented data")]
+    if "study" in result:
+        found, level = result["study"]["comparisons"], result["study"]["protocol"]["decision"]["level"]
+        answer = "; ".join(
+            f"{c['first']} - {c['second']} {described(c, c['first'], c['second'])} ({c['kind']})" for c in found
+        )
+        answer = f"{answer} (confirmatory ones decided together by Holm's procedure at {level:.0%})"
+    else:
+        by_pair = {(d["first"], d["second"]): d for d in result["differences"]}
+        alone = by_pair[("task-distilled", "fine-tuned alone")]
+        control = by_pair[("task-distilled + augmentation", "fine-tuned on the augmented data")]
+        answer = (
+            f"distilled - fine-tuned alone {described(alone, 'distilled', 'fine-tuned')}; with augmentation - "
+            f"fine-tuned on the same augmented data {described(control, 'distilled', 'fine-tuned')} "
+            "(before the protocol; not confirmatory)"
+        )
     return (
         f"| does task distillation pay? (TinyBERT's second stage, a 2-layer MiniLM student, `{result['task']}`, "
         f"{result['sizes']['train']} training examples, seeds {result['config']['seeds']}) | test {result['metric']}, "
-        f"distilled - fine-tuned alone {described(alone, 'distilled', 'fine-tuned')}; with augmentation - "
-        f"fine-tuned on the same augmented data {described(control, 'distilled', 'fine-tuned')} | `{TASK_DISTILL}` |"
+        f"{answer} | `{TASK_DISTILL}` |"
     )
 
 
@@ -356,12 +369,34 @@ def same(kept: Any, again: Any) -> bool:
     return kept == again
 
 
+def fixed_first(path: Path, found: dict[str, Any], root: Path) -> tuple[bool, list[str]]:
+    """Whether a study's protocol (``found``: its ``path`` from the repository's root and its ``protocol`` as
+    recorded) is still what its result recorded, and what is wrong: missing or changed since the runs, or not
+    committed before ``path``."""
+    import yaml
+
+    where, fixed_path = path.relative_to(root.parent), root.parent / found["path"]
+    if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
+        return False, [f"{where}: its protocol {found['path']} is missing or changed since the runs"]
+    if not committed_before(fixed_path, path):
+        return True, [f"{where}: its protocol {found['path']} was not committed before it"]
+    return True, []
+
+
+def differing(where: Path, kept: list[dict[str, Any]], again: list[dict[str, Any]]) -> list[str]:
+    """Each field of a study's comparisons that differs from the same comparisons decided again."""
+    problems = []
+    for k, a in zip(kept, again, strict=True):
+        for key in ("first", "second", "kind", "students", "difference", "ci95", "p", "verdict"):
+            if not same(k[key], a[key]):
+                problems.append(f"{where}: ({k['first']}) - ({k['second']}) {key}: {k[key]} != {a[key]}")
+    return problems
+
+
 def studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
     """What is wrong with each committed study (an ablation report with a ``study``): its protocol must have
     been committed before its results, unchanged since, and its comparisons must be what the suite's
     predictions give (``benchmarks/quality/protocol.py``)."""
-    import yaml
-
     from benchmarks.quality import protocol
 
     problems = []
@@ -370,21 +405,51 @@ def studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
         if "study" not in report:
             continue
         found, where = report["study"], path.relative_to(root.parent)
-        fixed_path = root.parent / found["path"]
-        if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
-            problems.append(f"{where}: its protocol {found['path']} is missing or changed since the runs")
+        unchanged, wrong = fixed_first(path, found, root)
+        problems += wrong
+        if not unchanged:
             continue
-        if not committed_before(fixed_path, path):
-            problems.append(f"{where}: its protocol {found['path']} was not committed before it")
         suite = json.loads((path.parent / f"suite-{found['protocol']['family']}.json").read_text(encoding="utf-8"))
         added = [(c["first"], c["second"]) for c in found["comparisons"] if c["kind"] == "exploratory"]
-        decided = protocol.decide(found["protocol"], suite, added)
-        for kept, again in zip(found["comparisons"], decided, strict=True):
-            for key in ("first", "second", "kind", "students", "difference", "ci95", "p", "verdict"):
-                if not same(kept[key], again[key]):
-                    problems.append(
-                        f"{where}: ({kept['first']}) - ({kept['second']}) {key}: {kept[key]} != {again[key]}"
-                    )
+        problems += differing(where, found["comparisons"], protocol.decide(found["protocol"], suite, added))
+    return problems
+
+
+def task_studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
+    """What is wrong with each committed task-distillation study (``task-distill*.json`` with a ``study``): its
+    protocol committed before it and unchanged since, its chance level, each row's score at each seed (to the
+    fine-tuning's float32) and mean, and its comparisons what its per-example predictions give
+    (``protocol.decide_task_study``). A record without predictions, made before the protocol, is not
+    confirmatory and is only counted."""
+    from benchmarks.quality import protocol
+
+    problems, before = [], []
+    for path in sorted(root.rglob("task-distill*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        where = path.relative_to(root.parent)
+        if "study" not in report:
+            before.append(where)
+            continue
+        found = report["study"]
+        unchanged, wrong = fixed_first(path, found, root)
+        problems += wrong
+        if not unchanged:
+            continue
+        rows = report["students"]
+        again = protocol.decide_task_study(
+            found["protocol"], {label: row["predictions"] for label, row in rows.items()}
+        )
+        if not same(report["chance"], again["chance"]):
+            problems.append(f"{where}: chance: {report['chance']} != {again['chance']}")
+        for label, scores in again["scores"].items():
+            kept = [rows[label]["seeds"][str(seed)] for seed in found["protocol"]["seeds"]]
+            for value, score in zip([*kept, rows[label]["mean"]], [*scores, sum(scores) / len(scores)], strict=True):
+                if abs(value - score) > 1e-4:  # the fine-tuning's metric, in float32
+                    problems.append(f"{where}: {label} scores: {kept} (mean {rows[label]['mean']}) != {scores}")
+                    break
+        problems += differing(where, found["comparisons"], again["comparisons"])
+    if before:
+        print(f"{len(before)} task-distillation result(s) from before the protocol, not confirmatory", file=sys.stderr)
     return problems
 
 
@@ -393,7 +458,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if a table is stale or a suite result's figures")
     parser.add_argument("--root", type=Path, default=REPO / "docs", help=argparse.SUPPRESS)  # the tests' results
     args = parser.parse_args()
-    if args.check and (problems := recomputed_figures(args.root) + studies_as_fixed(args.root)):
+    checked = (recomputed_figures, studies_as_fixed, task_studies_as_fixed)
+    if args.check and (problems := [problem for check in checked for problem in check(args.root)]):
         print("suite results differ from their predictions:\n" + "\n".join(problems), file=sys.stderr)
         return 1
     stale = []
