@@ -346,18 +346,27 @@ def recomputed_figures(root: Path = REPO / "docs") -> list[str]:
     return problems
 
 
-def committed_before(first: Path, then: Path) -> bool:
-    """Whether the commit that added ``first`` is an earlier ancestor of the one that added ``then`` (both in
-    the git repository holding them)."""
+def commit_of(path: Path, latest: bool = False) -> str:
+    """The commit that added ``path`` (``latest``: that last changed it) in the git repository holding it."""
     import subprocess
 
-    def added(path: Path) -> str:
-        log = ["git", "log", "--diff-filter=A", "--format=%H", "-1", "--", path.name]
-        return subprocess.run(log, cwd=path.parent, capture_output=True, text=True).stdout.strip()
+    log = ["git", "log", *([] if latest else ["--diff-filter=A"]), "--format=%H", "-1", "--", path.name]
+    return subprocess.run(log, cwd=path.parent, capture_output=True, text=True).stdout.strip()
 
-    a, b = added(first), added(then)
-    ancestor = ["git", "merge-base", "--is-ancestor", a, b]
-    return bool(a and b and a != b) and subprocess.run(ancestor, cwd=then.parent, capture_output=True).returncode == 0
+
+def is_ancestor(first: str, then: str, where: Path) -> bool:
+    """Whether commit ``first`` is ``then`` or an ancestor of it (in the git repository at ``where``)."""
+    import subprocess
+
+    ancestor = ["git", "merge-base", "--is-ancestor", first, then]
+    return bool(first and then) and subprocess.run(ancestor, cwd=where, capture_output=True).returncode == 0
+
+
+def committed_before(first: Path, then: Path, latest: bool = False) -> bool:
+    """Whether the commit that added ``first`` is an earlier ancestor of the one that added ``then`` (``latest``:
+    that last changed it, for a result rewritten in place; both in the git repository holding them)."""
+    a, b = commit_of(first), commit_of(then, latest)
+    return a != b and is_ancestor(a, b, then.parent)
 
 
 def same(kept: Any, again: Any) -> bool:
@@ -369,18 +378,22 @@ def same(kept: Any, again: Any) -> bool:
     return kept == again
 
 
-def fixed_first(path: Path, found: dict[str, Any], root: Path) -> tuple[bool, list[str]]:
+def fixed_first(path: Path, found: dict[str, Any], root: Path, ran: str | None = None) -> tuple[bool, list[str]]:
     """Whether a study's protocol (``found``: its ``path`` from the repository's root and its ``protocol`` as
     recorded) is still what its result recorded, and what is wrong: missing or changed since the runs, or not
-    committed before ``path``."""
+    committed before ``path``. With ``ran`` (the commit a result rewritten in place records it ran at): that
+    commit must hold the protocol, and the result's latest version must come after it."""
     import yaml
 
     where, fixed_path = path.relative_to(root.parent), root.parent / found["path"]
     if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
         return False, [f"{where}: its protocol {found['path']} is missing or changed since the runs"]
-    if not committed_before(fixed_path, path):
-        return True, [f"{where}: its protocol {found['path']} was not committed before it"]
-    return True, []
+    problems = []
+    if not committed_before(fixed_path, path, latest=ran is not None):
+        problems.append(f"{where}: its protocol {found['path']} was not committed before it")
+    if ran is not None and not is_ancestor(commit_of(fixed_path), ran, path.parent):
+        problems.append(f"{where}: it ran at commit {ran[:10]}, which does not hold its protocol {found['path']}")
+    return True, problems
 
 
 def differing(where: Path, kept: list[dict[str, Any]], again: list[dict[str, Any]]) -> list[str]:
@@ -431,7 +444,7 @@ def task_studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
             before.append(where)
             continue
         found = report["study"]
-        unchanged, wrong = fixed_first(path, found, root)
+        unchanged, wrong = fixed_first(path, found, root, report["commit"])
         problems += wrong
         if not unchanged:
             continue

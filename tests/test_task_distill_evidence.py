@@ -100,20 +100,26 @@ def drawn_study(protocol_path: Path, rights: dict[str, float]) -> dict:
 
 
 def test_check_decides_a_task_study_again_and_fails_on_an_edited_figure(tmp_path: Path) -> None:
-    """A task study whose protocol was committed before its result passes the check, its confirmatory
-    comparisons decided by Holm's procedure and its exploratory one labelled so; an edited interval or score
-    fails it, naming the figure; a record from before the protocol (no predictions) is only counted."""
+    """A task study whose protocol was committed before its result (and before the commit it ran at) passes the
+    check, its confirmatory comparisons decided by Holm's procedure and its exploratory one labelled so; a run
+    at a commit without the protocol fails it, and so does an edited interval or score, naming the figure; a
+    record from before the protocol (no predictions) is only counted."""
     from benchmarks.results import task_studies_as_fixed
 
     def git(*args: str) -> None:
         command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
         subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
 
-    protocol_path = written(fixed({"train": 200, "dev": 200, "test": 120}, [0, 1, 2]), tmp_path / "protocols/tiny.yaml")
+    def head() -> str:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+
     git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "before the protocol")
+    before = head()
+    protocol_path = written(fixed({"train": 200, "dev": 200, "test": 120}, [0, 1, 2]), tmp_path / "protocols/tiny.yaml")
     git("add", "-A")
     git("commit", "-qm", "the protocol, first")
-    report = drawn_study(protocol_path, dict(zip(ROWS, [0.5, 0.55, 0.9, 0.6], strict=True)))
+    report = drawn_study(protocol_path, dict(zip(ROWS, [0.5, 0.55, 0.9, 0.6], strict=True))) | {"commit": head()}
     path = tmp_path / "docs" / "quality" / "task-distill.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(report))
@@ -125,6 +131,11 @@ def test_check_decides_a_task_study_again_and_fails_on_an_edited_figure(tmp_path
     assert (distilled["kind"], distilled["students"], distilled["verdict"]) == ("confirmatory", [3, 3], "first better")
     assert (augmented["kind"], data["kind"]) == ("confirmatory", "exploratory")
     assert task_studies_as_fixed(tmp_path / "docs") == []
+    path.write_text(json.dumps(report | {"commit": before}))  # a run made before its protocol was committed
+    assert task_studies_as_fixed(tmp_path / "docs") == [
+        f"docs/quality/task-distill.json: it ran at commit {before[:10]}, which does not hold its protocol "
+        "protocols/tiny.yaml"
+    ]
 
     report["study"]["comparisons"][0]["ci95"][0] -= 0.01  # a wider interval than the predictions give
     report["students"][ROWS[1]]["seeds"]["2"] += 0.01  # a better score than its predictions give
