@@ -257,15 +257,28 @@ def separation_row() -> str:
 
 
 def task_distill_row() -> str:
+    """The task-distillation study: the protocol's comparisons with their Holm-decided verdicts, or, for a record
+    made before the protocol, its two headline differences labelled so."""
     result = load(TASK_DISTILL)
-    by_pair = {(d["first"], d["second"]): d for d in result["differences"]}
-    alone = by_pair[("task-distilled", "fine-tuned alone")]
-    control = by_pair[("task-distilled + augmentation", "fine-tuned on the augmented data")]
+    if "study" in result:
+        found, level = result["study"]["comparisons"], result["study"]["protocol"]["decision"]["level"]
+        answer = "; ".join(
+            f"{c['first']} - {c['second']} {described(c, c['first'], c['second'])} ({c['kind']})" for c in found
+        )
+        answer = f"{answer} (confirmatory ones decided together by Holm's procedure at {level:.0%})"
+    else:
+        by_pair = {(d["first"], d["second"]): d for d in result["differences"]}
+        alone = by_pair[("task-distilled", "fine-tuned alone")]
+        control = by_pair[("task-distilled + augmentation", "fine-tuned on the augmented data")]
+        answer = (
+            f"distilled - fine-tuned alone {described(alone, 'distilled', 'fine-tuned')}; with augmentation - "
+            f"fine-tuned on the same augmented data {described(control, 'distilled', 'fine-tuned')} "
+            "(before the protocol; not confirmatory)"
+        )
     return (
         f"| does task distillation pay? (TinyBERT's second stage, a 2-layer MiniLM student, `{result['task']}`, "
         f"{result['sizes']['train']} training examples, seeds {result['config']['seeds']}) | test {result['metric']}, "
-        f"distilled - fine-tuned alone {described(alone, 'distilled', 'fine-tuned')}; with augmentation - "
-        f"fine-tuned on the same augmented data {described(control, 'distilled', 'fine-tuned')} | `{TASK_DISTILL}` |"
+        f"{answer} | `{TASK_DISTILL}` |"
     )
 
 
@@ -421,18 +434,27 @@ def recomputed_figures(root: Path = REPO / "docs") -> list[str]:
     return problems
 
 
-def committed_before(first: Path, then: Path) -> bool:
-    """Whether the commit that added ``first`` is an earlier ancestor of the one that added ``then`` (both in
-    the git repository holding them)."""
+def commit_of(path: Path, latest: bool = False) -> str:
+    """The commit that added ``path`` (``latest``: that last changed it) in the git repository holding it."""
     import subprocess
 
-    def added(path: Path) -> str:
-        log = ["git", "log", "--diff-filter=A", "--format=%H", "-1", "--", path.name]
-        return subprocess.run(log, cwd=path.parent, capture_output=True, text=True).stdout.strip()
+    log = ["git", "log", *([] if latest else ["--diff-filter=A"]), "--format=%H", "-1", "--", path.name]
+    return subprocess.run(log, cwd=path.parent, capture_output=True, text=True).stdout.strip()
 
-    a, b = added(first), added(then)
-    ancestor = ["git", "merge-base", "--is-ancestor", a, b]
-    return bool(a and b and a != b) and subprocess.run(ancestor, cwd=then.parent, capture_output=True).returncode == 0
+
+def is_ancestor(first: str, then: str, where: Path) -> bool:
+    """Whether commit ``first`` is ``then`` or an ancestor of it (in the git repository at ``where``)."""
+    import subprocess
+
+    ancestor = ["git", "merge-base", "--is-ancestor", first, then]
+    return bool(first and then) and subprocess.run(ancestor, cwd=where, capture_output=True).returncode == 0
+
+
+def committed_before(first: Path, then: Path, latest: bool = False) -> bool:
+    """Whether the commit that added ``first`` is an earlier ancestor of the one that added ``then`` (``latest``:
+    that last changed it, for a result rewritten in place; both in the git repository holding them)."""
+    a, b = commit_of(first), commit_of(then, latest)
+    return a != b and is_ancestor(a, b, then.parent)
 
 
 def same(kept: Any, again: Any) -> bool:
@@ -444,12 +466,38 @@ def same(kept: Any, again: Any) -> bool:
     return kept == again
 
 
+def fixed_first(path: Path, found: dict[str, Any], root: Path, ran: str | None = None) -> tuple[bool, list[str]]:
+    """Whether a study's protocol (``found``: its ``path`` from the repository's root and its ``protocol`` as
+    recorded) is still what its result recorded, and what is wrong: missing or changed since the runs, or not
+    committed before ``path``. With ``ran`` (the commit a result rewritten in place records it ran at): that
+    commit must hold the protocol, and the result's latest version must come after it."""
+    import yaml
+
+    where, fixed_path = path.relative_to(root.parent), root.parent / found["path"]
+    if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
+        return False, [f"{where}: its protocol {found['path']} is missing or changed since the runs"]
+    problems = []
+    if not committed_before(fixed_path, path, latest=ran is not None):
+        problems.append(f"{where}: its protocol {found['path']} was not committed before it")
+    if ran is not None and not is_ancestor(commit_of(fixed_path), ran, path.parent):
+        problems.append(f"{where}: it ran at commit {ran[:10]}, which does not hold its protocol {found['path']}")
+    return True, problems
+
+
+def differing(where: Path, kept: list[dict[str, Any]], again: list[dict[str, Any]]) -> list[str]:
+    """Each field of a study's comparisons that differs from the same comparisons decided again."""
+    problems = []
+    for k, a in zip(kept, again, strict=True):
+        for key in ("first", "second", "kind", "students", "difference", "ci95", "p", "verdict"):
+            if not same(k[key], a[key]):
+                problems.append(f"{where}: ({k['first']}) - ({k['second']}) {key}: {k[key]} != {a[key]}")
+    return problems
+
+
 def studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
     """What is wrong with each committed study (an ablation report with a ``study``): its protocol must have
     been committed before its results, unchanged since, and its comparisons must be what the suite's
     predictions give (``benchmarks/quality/protocol.py``)."""
-    import yaml
-
     from benchmarks.quality import protocol
 
     problems = []
@@ -458,21 +506,51 @@ def studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
         if "study" not in report:
             continue
         found, where = report["study"], path.relative_to(root.parent)
-        fixed_path = root.parent / found["path"]
-        if not fixed_path.is_file() or yaml.safe_load(fixed_path.read_text(encoding="utf-8")) != found["protocol"]:
-            problems.append(f"{where}: its protocol {found['path']} is missing or changed since the runs")
+        unchanged, wrong = fixed_first(path, found, root)
+        problems += wrong
+        if not unchanged:
             continue
-        if not committed_before(fixed_path, path):
-            problems.append(f"{where}: its protocol {found['path']} was not committed before it")
         suite = json.loads((path.parent / f"suite-{found['protocol']['family']}.json").read_text(encoding="utf-8"))
         added = [(c["first"], c["second"]) for c in found["comparisons"] if c["kind"] == "exploratory"]
-        decided = protocol.decide(found["protocol"], suite, added)
-        for kept, again in zip(found["comparisons"], decided, strict=True):
-            for key in ("first", "second", "kind", "students", "difference", "ci95", "p", "verdict"):
-                if not same(kept[key], again[key]):
-                    problems.append(
-                        f"{where}: ({kept['first']}) - ({kept['second']}) {key}: {kept[key]} != {again[key]}"
-                    )
+        problems += differing(where, found["comparisons"], protocol.decide(found["protocol"], suite, added))
+    return problems
+
+
+def task_studies_as_fixed(root: Path = REPO / "docs") -> list[str]:
+    """What is wrong with each committed task-distillation study (``task-distill*.json`` with a ``study``): its
+    protocol committed before it and unchanged since, its chance level, each row's score at each seed (to the
+    fine-tuning's float32) and mean, and its comparisons what its per-example predictions give
+    (``protocol.decide_task_study``). A record without predictions, made before the protocol, is not
+    confirmatory and is only counted."""
+    from benchmarks.quality import protocol
+
+    problems, before = [], []
+    for path in sorted(root.rglob("task-distill*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        where = path.relative_to(root.parent)
+        if "study" not in report:
+            before.append(where)
+            continue
+        found = report["study"]
+        unchanged, wrong = fixed_first(path, found, root, report["commit"])
+        problems += wrong
+        if not unchanged:
+            continue
+        rows = report["students"]
+        again = protocol.decide_task_study(
+            found["protocol"], {label: row["predictions"] for label, row in rows.items()}
+        )
+        if not same(report["chance"], again["chance"]):
+            problems.append(f"{where}: chance: {report['chance']} != {again['chance']}")
+        for label, scores in again["scores"].items():
+            kept = [rows[label]["seeds"][str(seed)] for seed in found["protocol"]["seeds"]]
+            for value, score in zip([*kept, rows[label]["mean"]], [*scores, sum(scores) / len(scores)], strict=True):
+                if abs(value - score) > 1e-4:  # the fine-tuning's metric, in float32
+                    problems.append(f"{where}: {label} scores: {kept} (mean {rows[label]['mean']}) != {scores}")
+                    break
+        problems += differing(where, found["comparisons"], again["comparisons"])
+    if before:
+        print(f"{len(before)} task-distillation result(s) from before the protocol, not confirmatory", file=sys.stderr)
     return problems
 
 
@@ -481,7 +559,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if a table is stale or a suite result's figures")
     parser.add_argument("--root", type=Path, default=REPO / "docs", help=argparse.SUPPRESS)  # the tests' results
     args = parser.parse_args()
-    if args.check and (problems := recomputed_figures(args.root) + studies_as_fixed(args.root)):
+    checked = (recomputed_figures, studies_as_fixed, task_studies_as_fixed)
+    if args.check and (problems := [problem for check in checked for problem in check(args.root)]):
         print("suite results differ from their predictions:\n" + "\n".join(problems), file=sys.stderr)
         return 1
     stale = []

