@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from trainer.evaluation import suite_statistics as stats  # noqa: E402
-from trainer.evaluation.suite import SuiteConfig, expand, labels_of_test, load_tasks  # noqa: E402
+from trainer.evaluation.suite import SuiteConfig, expand, labels_of_test, load_tasks, reported_config  # noqa: E402
 
 KEYS = {"study", "question", "family", "scale", "variants", "distillation_seeds", "suite", "comparisons", "decision"}
 TASK_STUDY_KEYS = {"study", "question", "task", "sizes", "seeds", "rows", "settings", "budgets", "comparisons"}
@@ -121,7 +121,7 @@ def decide(
     differs = [key for key, value in protocol["suite"].items() if suite["config"].get(key) != value]
     if differs:  # a suite run with other settings than the protocol fixed answers another question
         raise SystemExit(f"the suite did not run as the protocol says: {', '.join(differs)} differ")
-    cfg = SuiteConfig(**{k: v for k, v in suite["config"].items() if k != "mlflow"})
+    cfg = reported_config(suite)
     tasks = load_tasks(cfg)
     family = protocol["family"]
     groups: dict[str, list[int]] = {}

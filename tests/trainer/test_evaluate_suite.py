@@ -508,3 +508,14 @@ def test_task_files_hold_what_the_manifest_says(task):
     pytest.importorskip("sklearn")
     assert make_tasks().bow_baseline(train, valid, spec["kind"]) == spec["bow_baseline"]
     assert spec["bow_baseline"][spec["metric"]] < 0.90
+
+
+def test_a_report_made_in_another_checkout_is_checked_against_this_checkouts_task_files() -> None:
+    """A worktree's or the GPU machine's report recorded its own ``benchmarks/quality/tasks``; --check reads this
+    checkout's. Any other task directory (a test's own) is kept as recorded."""
+    from trainer.evaluation.suite import TASKS_DIR, SuiteConfig, reported_config
+
+    config = dataclasses.asdict(SuiteConfig(models=["m"], tasks_dir="/elsewhere/benchmarks/quality/tasks"))
+    assert reported_config({"config": config}).tasks_dir == str(TASKS_DIR)
+    config["tasks_dir"] = "/tmp/my-tasks"
+    assert reported_config({"config": config}).tasks_dir == "/tmp/my-tasks"

@@ -691,11 +691,21 @@ def labels_of_test(cfg: SuiteConfig, task: dict[str, Any]) -> list[Any]:
     return [row[task["label_column"]] for row in rows[: cfg.valid_size or None]]
 
 
+def reported_config(report: dict[str, Any]) -> SuiteConfig:
+    """The config a report was made with, its task files this checkout's: a report made in another checkout (a
+    worktree, the GPU machine) recorded that checkout's ``benchmarks/quality/tasks``, which is not here. Task
+    files changed since the report give other labels, and its figures then fail :func:`mismatches`."""
+    cfg = from_dict(SuiteConfig, report["config"])
+    if Path(cfg.tasks_dir).parts[-3:] == TASKS_DIR.parts[-3:]:
+        cfg = dataclasses.replace(cfg, tasks_dir=str(TASKS_DIR))
+    return cfg
+
+
 def recompute(report: dict[str, Any]) -> dict[str, Any]:
     """The report's scores, skills, shares, intervals and verdicts computed again from the predictions it
     carries and the task files: what ``benchmarks/results.py --check`` compares a committed result with, so
     that a number edited in a result file (or a result computed from other predictions) fails."""
-    cfg = from_dict(SuiteConfig, report["config"])
+    cfg = reported_config(report)
     tasks = load_tasks(cfg)
     labels = {name: labels_of_test(cfg, task) for name, task in tasks.items()}
     results = []
