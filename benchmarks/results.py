@@ -145,6 +145,64 @@ def family_table(family: str, ablation: Path = ABLATION) -> str:
     return "\n".join(rows)
 
 
+def study_table(family: str, ablation: Path) -> str:
+    """A study run under its protocol (its files in ``ablation``): per variant, the mean over its students of each
+    task's test score, the suite's skill above chance and the held-out masked LM, beside the teacher and the
+    bag-of-words baseline fitted on the same train split; then the protocol's comparisons as the report decided
+    them (confirmatory, Holm) and any added after the runs (exploratory). ``--check`` decides them again from the
+    suite's predictions (:func:`studies_as_fixed`)."""
+    from benchmarks.quality.ablation_report import study_lines
+    from benchmarks.quality.protocol import variant_of
+    from trainer.evaluation.suite import BAG_OF_WORDS
+
+    report, suite = load(ablation / "ablation.json"), load(ablation / f"suite-{family}.json")
+    masked = load(ablation / f"mlm-{family}.json")
+    scored = {run_name(m["model"]): m for m in masked["models"]} | {"teacher": masked["teacher"]}
+    described_as = variants(ablation)  # run -> what it is
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for index, model in enumerate(suite["models"]):
+        run = "teacher" if index == 0 else run_name(model["model"])
+        group = run if run == "teacher" or model["model"] == BAG_OF_WORDS else variant_of(run, family)
+        groups.setdefault(group, []).append((run, model))
+    tasks = list(suite["tasks"])
+    rows = [
+        "| model | students | " + " | ".join(TASK_LABELS.get(t, t) for t in tasks) + " | suite average "
+        "| skill above chance | masked-LM accuracy | perplexity |",
+        "|---|---:|" + "---:|" * (len(tasks) + 4),
+    ]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    for group, members in groups.items():
+        models = [model for _, model in members]
+        label = {"teacher": "teacher", BAG_OF_WORDS: BAG_OF_WORDS}.get(group) or described_as[f"{family}-{group}"]
+        mlm = [scored[run] for run, _ in members if run in scored]
+        cells = [f"{mean([m['tasks'][t]['mean'] for m in models]):.3f}" for t in tasks]
+        cells += [f"{mean([m['average'] for m in models]):.3f}", f"{mean([m['skill'] for m in models]):+.3f}"]
+        cells += [f"{mean([m['mlm_accuracy'] for m in mlm]):.3f}", f"{mean([m['perplexity'] for m in mlm]):,.1f}"]
+        cells = cells if mlm else [*cells[:-2], "-", "-"]
+        students = str(len(members)) if group not in ("teacher", BAG_OF_WORDS) else "-"
+        rows.append(f"| {label} | {students} | " + " | ".join(cells) + " |")
+    config = suite["config"]
+    rate = (
+        f"at the one rate {config['lrs'][0]:g} the protocol fixed (nothing picked)"
+        if len(config.get("lrs") or []) == 1
+        else f"each task at the rate of {config['lrs']} best on dev"
+    )
+    rows += [
+        "",
+        *study_lines(report["study"]),
+        "",
+        f"{FAMILIES[family]}. Suite: {config['train_size']} training, {config['dev_size']} dev and "
+        f"{config['valid_size']} test examples a task, fine-tuning seeds {config['seeds']} for every model, {rate}; a "
+        "variant's row is the mean over its students (distillation seeds), its interval drawn over students, then "
+        f"fine-tuning seeds, then test examples. Masked LM: {masked['config']['max_batches']} held-out batches of "
+        f"{masked['config']['batch_size']} on {masked['device']}. From `{ablation}/` (its README says what ran).",
+    ]
+    return "\n".join(rows)
+
+
 # What each task asks: prose, not figures (the labels come from the task file).
 TASK_INPUTS = {
     "debian-section": "a package's description → its archive section",
