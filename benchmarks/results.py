@@ -33,6 +33,8 @@ THROUGHPUT = Path("docs/gpu-campaign/throughput.json")
 ABLATION = Path("docs/gpu-ablation/2026-11-28-h200")  # the latest GPU ablation
 # the MiniLM family at CPU scale under the dev/test protocol: (a), (f), (a5x) and (a0), the pairs with intervals
 CPU_ABLATION = Path("docs/quality/ablation-cpu-2026-11-29")
+# the MiniLM family at CPU scale under its protocol (benchmarks/quality/protocols/minilm-cpu.yaml): 3 students a variant
+CPU_STUDY = Path("docs/quality/ablation-cpu-2026-12-03")
 DEMO_TIME = Path("docs/demo/demo-time.json")
 SUITE_TIME = Path("docs/test-suite/suite-time.json")
 REGISTRY_LOAD = Path("docs/mlflow/registry-load.json")  # registry_load.py, retired (benchmarks/README.md)
@@ -185,10 +187,11 @@ def study_table(family: str, ablation: Path) -> str:
         students = str(len(members)) if group not in ("teacher", BAG_OF_WORDS) else "-"
         rows.append(f"| {label} | {students} | " + " | ".join(cells) + " |")
     config = suite["config"]
+    rates = config.get("lrs") or [config["lr"]]
     rate = (
-        f"at the one rate {config['lrs'][0]:g} the protocol fixed (nothing picked)"
-        if len(config.get("lrs") or []) == 1
-        else f"each task at the rate of {config['lrs']} best on dev"
+        f"at the one rate {rates[0]:g} the protocol fixed (nothing picked)"
+        if len(rates) == 1
+        else f"each task at the rate of {rates} best on dev"
     )
     rows += [
         "",
@@ -270,7 +273,7 @@ def readme_table() -> str:
         f"({best['mfu']:.1%}, micro-batch {best['micro']}{compiled}) "
         f"| `{THROUGHPUT}` |",
     ]
-    rows += [cpu_ablation_row(), separation_row(), task_distill_row()]
+    rows += [cpu_study_row(), separation_row(), task_distill_row()]
     if demo is not None:
         cpus, setup = demo["machine"]["cpus"], demo.get("setup")
         setup_note = f"; `make setup` first: {minutes(setup['seconds'])} (downloads included)" if setup else ""
@@ -280,26 +283,24 @@ def readme_table() -> str:
     return "\n".join(rows)
 
 
-def cpu_ablation_row() -> str:
-    """The compared pairs of the MiniLM family at CPU scale, each difference with its interval and verdict."""
-    suite, mlm = load(CPU_ABLATION / "suite-minilm.json"), load(CPU_ABLATION / "mlm-minilm.json")
-    tokens = {row["name"]: row["tokens"] for row in load(CPU_ABLATION / "ablation.json")["rows"]}
-    short = {name: f"({name.removeprefix('minilm-')})" for name in tokens}
+def cpu_study_row() -> str:
+    """The MiniLM family's study at CPU scale: the protocol's comparisons with their Holm-decided verdicts."""
+    report = load(CPU_STUDY / "ablation.json")
+    tokens = {row["name"]: row["tokens"] for row in report["rows"]}
+    study = report["study"]
+    fixed, level = study["protocol"], study["protocol"]["decision"]["level"]
 
-    def pair(found: dict, key: str) -> str:
-        first, second = short[found["first"]], short[found["second"]]
-        return f"{first} - {second} {described(found[key], first, second)}"
+    def decided(c: dict) -> str:
+        first, second = f"({c['first']})", f"({c['second']})"
+        return f"{first} - {second} {described(c, first, second)} ({c['kind']})"
 
-    found = comparisons("minilm", suite, mlm)
+    answer = "; ".join(decided(c) for c in study["comparisons"])
     return (
         f"| does the distillation beat the copied layers (f)? (a 3-layer student of {FAMILIES['minilm']}, CPU scale: "
-        f"(a) on {tokens['minilm-a'] / 1e6:.2f}M tokens, (a5x) on {tokens['minilm-a5x'] / 1e6:.2f}M; (a0): (a) "
-        f"without attention dropout; (h): L_cos alone; (al): (a) at lr 1e-4; suite seeds {suite['config']['seeds']}) "
-        "| suite skill above chance: "
-        + "; ".join(pair(f, "suite_skill") for f in found)
-        + ". Held-out masked-LM accuracy: "
-        + "; ".join(pair(f, "mlm_accuracy") for f in found)
-        + f" | `{CPU_ABLATION}/` |"
+        f"(a) on {tokens['minilm-a'] / 1e6:.2f}M tokens, (a5x) on {tokens['minilm-a5x'] / 1e6:.2f}M; "
+        f"{len(fixed['distillation_seeds'])} students a trained variant, fine-tuning seeds {fixed['suite']['seeds']}; "
+        f"the study `{study['path']}`, fixed before its runs) | suite skill above chance: {answer}, the confirmatory "
+        f"ones decided together by Holm's procedure at {level:.0%} | `{CPU_STUDY}/` |"
     )
 
 
@@ -452,12 +453,13 @@ PAGES = {
     "README.md": {"results": readme_table},
     "docs/mlflow-server.md": {"registry-load": registry_load_table, "registry-faults": registry_faults_table},
     "docs/benchmarks.md": {"speed": speed_table, "demo-time": demo_time_table, "suite-time": suite_time_table},
-    "docs/log/quality.md": {  # the GPU ablation made before the dev/test protocol: the record, still generated
+    "docs/log/quality.md": {  # the tables made before the protocols: the record, still generated
         "ablation-bert": lambda: family_table("bert"),
         "ablation-minilm": lambda: family_table("minilm"),
+        "ablation-cpu-minilm": lambda: family_table("minilm", CPU_ABLATION),
     },
     "docs/quality.md": {
-        "ablation-cpu-minilm": lambda: family_table("minilm", CPU_ABLATION),
+        "study-minilm-cpu": lambda: study_table("minilm", CPU_STUDY),
         "suite-tasks": suite_tasks_table,
     },
 }
