@@ -182,8 +182,10 @@ def study_table(family: str, ablation: Path) -> str:
         mlm = [scored[run] for run, _ in members if run in scored]
         cells = [f"{mean([m['tasks'][t]['mean'] for m in models]):.3f}" for t in tasks]
         cells += [f"{mean([m['average'] for m in models]):.3f}", f"{mean([m['skill'] for m in models]):+.3f}"]
-        cells += [f"{mean([m['mlm_accuracy'] for m in mlm]):.3f}", f"{mean([m['perplexity'] for m in mlm]):,.1f}"]
-        cells = cells if mlm else [*cells[:-2], "-", "-"]
+        if mlm:
+            cells += [f"{mean([m['mlm_accuracy'] for m in mlm]):.3f}", f"{mean([m['perplexity'] for m in mlm]):,.1f}"]
+        else:  # bag-of-words has no masked LM
+            cells += ["-", "-"]
         students = str(len(members)) if group not in ("teacher", BAG_OF_WORDS) else "-"
         rows.append(f"| {label} | {students} | " + " | ".join(cells) + " |")
     config = suite["config"]
