@@ -32,9 +32,7 @@ def test_every_figure_in_the_readme_table_is_in_its_file():
     assert "keeps" not in table  # a share of the teacher's score is quoted only with its interval (docs/quality.md)
 
 
-@pytest.mark.parametrize(
-    "script", ["benchmarks/quality/suite_separation.py", "benchmarks/quality/task_distill_evidence.py"]
-)
+@pytest.mark.parametrize("script", ["benchmarks/quality/task_distill_evidence.py"])
 def test_the_quality_pages_own_tables_are_their_files_rendered(script: str, tmp_path: Path) -> None:
     """Tables a quality script renders itself (``--from-result --docs``): rendering the committed result file
     into a copy of docs/quality.md changes nothing, so the page shows what the file holds."""

@@ -172,3 +172,26 @@ def test_a_tiny_study_runs_under_its_protocol_end_to_end(tmp_path: Path, bert_to
     assert again["comparisons"] == result["study"]["comparisons"]
     assert [c["kind"] for c in again["comparisons"]] == ["confirmatory", "confirmatory", "exploratory"]
     assert "| task-distilled - fine-tuned alone | confirmatory | 2 / 2 |" in task_distill_evidence.table(result)
+
+    # Run again on the same --work: every finished run is read back, none trained again, the same result.
+    assert task_distill_evidence.main() == 0
+    again = json.loads(out.read_text())
+    assert again["students"] == rows and again["teacher"] == result["teacher"]
+    assert again["invocations"] == result["invocations"] and len(result["invocations"]) == 1
+    # A run cut off before its record (run.json is written last) is trained again, alone; the study now holds
+    # the runs of two invocations.
+    work = tmp_path / "w"
+    (work / "task-distilled-1" / "run.json").unlink()
+    assert task_distill_evidence.main() == 0
+    continued = json.loads(out.read_text())
+    assert len(continued["invocations"]) == 2
+    assert {k: v for k, v in continued["students"].items() if k != ROWS[2]} == {
+        k: v for k, v in rows.items() if k != ROWS[2]
+    }
+    retrained = continued["students"][ROWS[2]]
+    assert retrained["predictions"] == rows[ROWS[2]]["predictions"]  # on CPU, the same run gives the same student
+    # A run another commit trained is never mixed in: an error naming its record.
+    record = work / "fine-tuned-alone-0" / "run.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "commit": "0" * 40}))
+    with pytest.raises(SystemExit, match=r"fine-tuned-alone-0/run\.json was run at commit 0{10}"):
+        task_distill_evidence.main()

@@ -14,6 +14,10 @@ the protocol's key. The result records the protocol (its path and content), each
 at each seed (in the test file's order) and the comparisons decided from them, so ``benchmarks/results.py
 --check`` computes them again.
 
+A study outlasts a sitting: each finished run is kept in ``--work`` with the commit that trained it, and the same
+command again trains only the runs not yet finished (:func:`kept_or_run`); the result names the invocations
+whose runs it holds.
+
 Splits (the protocol's ``sizes``), as ``evaluate-suite`` makes them: *train* (the first ``train`` rows of the
 task's training file), *dev* (``dev`` of the rest, stratified by class, never trained on: where ``task-distill``
 chooses the student it exports) and *test* (the first ``test`` rows of the validation file, 0: all), scored once
@@ -51,6 +55,7 @@ together by Holm's procedure on a paired bootstrap over seeds, then test example
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
 import json
@@ -59,6 +64,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,11 +204,35 @@ def check_work_dir(work: Path, fixed: dict[str, Any]) -> None:
     record.write_text(json.dumps(inputs, indent=2) + "\n")
 
 
+def kept_or_run(record: Path, commit: str, invocation: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One training run of the study, kept in ``record`` (its run directory's ``run.json``) once it has finished,
+    so a study longer than one sitting continues where it stopped: a rerun with the same ``--work`` reads the
+    finished runs back and trains only the rest. Only at the commit that ran them: a run of other code is an
+    error, never mixed in silently. The record is written last and atomically: a run cut off is run again whole."""
+    if record.is_file():
+        kept = json.loads(record.read_text())
+        if kept["commit"] != commit:
+            raise SystemExit(
+                f"{record} was run at commit {kept['commit'][:10]}, not {commit[:10]}: give another --work"
+            )
+        return kept
+    started = time.perf_counter()
+    result = run()
+    kept = {"result": result, "wall_s": round(time.perf_counter() - started, 1)}
+    kept |= {"commit": commit, "invocation": invocation}
+    partial = record.with_suffix(".partial")
+    partial.write_text(json.dumps(kept) + "\n")
+    partial.replace(record)
+    return kept
+
+
 def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
     """The study the protocol at ``path`` fixes, run in ``work``: every row at every seed, then its comparisons
     decided from the rows' test predictions."""
     header = provenance(" ".join(["python benchmarks/quality/task_distill_evidence.py", *sys.argv[1:]]))
     started = time.perf_counter()
+    invocation = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # names the invocation that trained each run it keeps
+    invocations = set()
     fixed = protocol.load_task_study(path)
     sizes, settings, budgets = fixed["sizes"], fixed["settings"], fixed["budgets"]
     batch = budgets["batch_size"]
@@ -234,13 +264,20 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
     common |= {"max_seq_len": settings["max_seq_len"], "batch_size": batch, "mlflow": {"enabled": False}}
     timings: dict[str, float] = {}
 
+    def kept(name: str, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+        """``run``'s result and its wall seconds, from this invocation or the one that trained it."""
+        record = kept_or_run(work / name / "run.json", header["commit"], invocation, run)
+        invocations.add(record["invocation"])
+        return record["result"], record["wall_s"]
+
     def fine_tune(model: str, name: str, data: str, seed: int, epochs: int) -> dict[str, Any]:
         values = {**common, "model": model, "data": data, "output_dir": str(work / name), "epochs": epochs}
         return finetune(from_dict(FinetuneConfig, {**values, "lr": budgets["lr"], "seed": seed}))
 
-    t = time.perf_counter()
-    teacher_result = fine_tune(str(minilm_dir()), "teacher", train, 0, budgets["teacher_epochs"])
-    timings["teacher"] = time.perf_counter() - t
+    teacher_epochs = budgets["teacher_epochs"]
+    teacher_result, timings["teacher"] = kept(
+        "teacher", lambda: fine_tune(str(minilm_dir()), "teacher", train, 0, teacher_epochs)
+    )
     teacher = str(work / "teacher" / "model")
     student = str(build_student(work / "student", [2, 5]))
     t = time.perf_counter()
@@ -289,9 +326,7 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
         row |= {"teacher_forward_examples": epochs * n * with_teacher, "predictions": {}}
         for seed in fixed["seeds"]:
             name = f"{label.replace(' ', '-').replace('+', 'and')}-{seed}"
-            t = time.perf_counter()
-            result = run(seed, name)
-            row["wall_s"][str(seed)] = round(time.perf_counter() - t, 1)
+            result, row["wall_s"][str(seed)] = kept(name, functools.partial(run, seed, name))
             row["seeds"][str(seed)] = result["test"][metric]
             if "last" in result:
                 row["last"][str(seed)] = result["last"]
@@ -319,7 +354,8 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
         "students": students,
         "study": {"path": shown, "protocol": fixed, "comparisons": decided["comparisons"]},
         "timings_s": {key: round(value, 1) for key, value in timings.items()},
-        "total_s": round(time.perf_counter() - started, 1),
+        "total_s": round(time.perf_counter() - started, 1),  # this invocation's; each run's own is its wall_s
+        "invocations": sorted(invocations),  # those whose runs this holds: more than one where a study was continued
     }
 
 
