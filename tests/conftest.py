@@ -15,6 +15,12 @@ import pytest
 # No model hub is reachable here: fail fast instead of retrying the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Every process the tests start runs tests/launcher_site/sitecustomize.py: the DeepSpeed launcher's own two processes
+# a launch then refuse its autotuner's mlflow probe as the ranks do (trainer/__init__.py), ~3 s of CPU a launch. A
+# test that sets its own PYTHONPATH (block_imports's sitecustomize) goes without.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(Path(__file__).parent / "launcher_site"), os.environ.get("PYTHONPATH")])
+)
 
 from helpers import (
     SAMPLE_CORPUS,

@@ -149,7 +149,8 @@ def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
         deepspeed = Path(sys.executable).parent / "deepspeed"
         cmd = [str(deepspeed), "--num_gpus", str(ranks), "tests/trainer/engine_probe.py", str(out)]
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-        done = run_in_repo([*cmd, "configs/tiny-cpu.yaml", *overrides], {**env, "PYTHONPATH": str(REPO)}, timeout=300)
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # and the tests' launcher site
+        done = run_in_repo([*cmd, "configs/tiny-cpu.yaml", *overrides], {**env, "PYTHONPATH": path}, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         PROBED[key] = json.loads(out.read_text())
     return copy.deepcopy(PROBED[key])

@@ -264,7 +264,7 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
     common |= {"max_seq_len": settings["max_seq_len"], "batch_size": batch, "mlflow": {"enabled": False}}
     timings: dict[str, float] = {}
 
-    def kept(name: str, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    def finished(name: str, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
         """``run``'s result and its wall seconds, from this invocation or the one that trained it."""
         record = kept_or_run(work / name / "run.json", header["commit"], invocation, run)
         invocations.add(record["invocation"])
@@ -275,7 +275,7 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
         return finetune(from_dict(FinetuneConfig, {**values, "lr": budgets["lr"], "seed": seed}))
 
     teacher_epochs = budgets["teacher_epochs"]
-    teacher_result, timings["teacher"] = kept(
+    teacher_result, timings["teacher"] = finished(
         "teacher", lambda: fine_tune(str(minilm_dir()), "teacher", train, 0, teacher_epochs)
     )
     teacher = str(work / "teacher" / "model")
@@ -326,7 +326,7 @@ def measure(path: Path, work: Path, out: Path | None) -> dict[str, Any]:
         row |= {"teacher_forward_examples": epochs * n * with_teacher, "predictions": {}}
         for seed in fixed["seeds"]:
             name = f"{label.replace(' ', '-').replace('+', 'and')}-{seed}"
-            result, row["wall_s"][str(seed)] = kept(name, functools.partial(run, seed, name))
+            result, row["wall_s"][str(seed)] = finished(name, functools.partial(run, seed, name))
             row["seeds"][str(seed)] = result["test"][metric]
             if "last" in result:
                 row["last"][str(seed)] = result["last"]
