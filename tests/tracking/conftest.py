@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,22 @@ class Launch:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict], *, killed: Sequence[dict] = ()) -> None:
+    """Every value of ``records`` (metrics.jsonl) is in the run's history, at its step, exactly, and nothing else is
+    there, but for values of ``killed``: the records of an earlier launch of the run, SIGKILLed. Those reached the
+    server or not, as far as it had sent them before it died (the loop writes a record to metrics.jsonl before it
+    hands it to the tracker, whose queue is in memory); its steps after the checkpoint the relaunch resumed from are
+    redone, so the server holds two values at such a step when the killed launch had sent its own."""
+    keys = {key for record in records for key in record if key != "step"}
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/samples"} <= keys
+    assert any(key.startswith("eval/") for key in keys)
+    for key in keys:
+        expected = {(r["step"], r[key]) for r in records if key in r}
+        allowed = expected | {(r["step"], r[key]) for r in killed if key in r}
+        got = {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
+        assert expected <= got <= allowed, (key, sorted(expected - got), sorted(got - allowed))
 
 
 @pytest.fixture

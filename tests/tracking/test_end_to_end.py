@@ -1,21 +1,20 @@
 """The tiny CPU distillation through the real launcher, tracked by a real MLflow server.
 
-One run is tracked, registered, promoted, pulled and fine-tuned as a downstream team would;
-another loses its tracking server mid-run and must finish anyway, with every metric it
-logged meanwhile reaching the server once it is back.
+One run is tracked, registered, promoted, pulled and fine-tuned as a downstream team would. A run that loses its
+tracking server mid-run and trains on, its metrics reaching the server once it is back, is
+test_registered_checkpoints' outage test (its relaunch).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL
+from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, assert_metrics_reached_mlflow
 
 from common.config import flatten, load_config, to_dict
 from trainer.commands.run_record import dataset_fingerprint
@@ -25,17 +24,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "tests" / "data" / "docs-classification.jsonl"
-
-
-def assert_metrics_reached_mlflow(client, run_id: str, records: list[dict]) -> None:
-    """Every value of metrics.jsonl is in the run's history, at its step, exactly."""
-    keys = {key for record in records for key in record if key != "step"}
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/samples"} <= keys
-    assert any(key.startswith("eval/") for key in keys)
-    for key in keys:
-        expected = {(r["step"], r[key]) for r in records if key in r}
-        got = {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
-        assert got == expected, key
 
 
 @pytest.mark.full
@@ -117,49 +105,3 @@ def test_distilled_student_is_tracked_registered_pulled_and_finetuned(
     assert ft_run.info.status == "FINISHED"
     assert ft_run.data.metrics["eval/accuracy"] == finetuned["accuracy"]
     assert ft_run.data.tags["source_version"] == version.version
-
-
-@pytest.mark.full
-def test_training_survives_a_tracking_server_outage_and_resumes_into_its_run(mlflow_server, launch_tiny_distillation):
-    from mlflow import MlflowClient
-
-    uri = mlflow_server.uri
-    client = MlflowClient(uri)
-    settings = ["logging.every_steps=1", "eval.every_steps=15", "checkpoint.every_steps=15",
-                f"mlflow.tracking_uri={uri}", "mlflow.experiment=outage", "mlflow.retry_max_s=2"]  # fmt: skip
-    run = launch_tiny_distillation("max_steps=30", *settings)
-    try:
-        # Wait until the run exists and has logged a step, then take the server away.
-        deadline = time.monotonic() + 600
-        while not (client.get_experiment_by_name("outage") and run.records()):
-            assert run.process.poll() is None, run.log_path.read_text()[-6000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        mlflow_server.stop()
-        down_after = max(r["step"] for r in run.records())
-        # Training goes on without the server: three more steps at least.
-        while max(r["step"] for r in run.records()) < down_after + 3:
-            assert run.process.poll() is None, run.log_path.read_text()[-6000:]
-            time.sleep(0.2)
-        logged_while_down = sorted({r["step"] for r in run.records() if r["step"] > down_after})
-    finally:
-        mlflow_server.start()  # same port, SQLite file and artifact directory
-    log = run.wait()
-
-    (tracked,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
-    assert tracked.info.status == "FINISHED"
-    records = run.records()
-    assert max(r["step"] for r in records) == 30
-    assert_metrics_reached_mlflow(client, tracked.info.run_id, records)
-    on_server = {m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss")}
-    assert set(logged_while_down) <= on_server and len(logged_while_down) >= 3
-    assert log.count("unreachable") == 1  # warned once, not once per step
-    assert "reachable again" in log
-
-    # Relaunched with more steps, it resumes from its last checkpoint into the same MLflow run.
-    resumed = launch_tiny_distillation("max_steps=33", *settings)
-    assert "resumed from step 30" in resumed.wait()
-    (again,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
-    assert again.info.run_id == tracked.info.run_id and again.info.status == "FINISHED"
-    on_server = {m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss")}
-    assert on_server == set(range(1, 34))

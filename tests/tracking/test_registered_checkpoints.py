@@ -5,7 +5,8 @@ which saves are due, and the registry look-ups that keep versions unique and ali
 (against the real ``mlflow server``). The two launches run the tiny CPU distillation through the real
 launcher on two ranks: one with the server up (a version per due save, tagged, pullable after its
 checkpoint was deleted; a relaunch of the finished run adds nothing), one that starts while the server
-is down, is SIGKILLed and relaunched (every due save registered exactly once, in step order). On the team's
+is down, is SIGKILLed and relaunched, and loses the server mid-run in its relaunch (every due save registered
+exactly once, in step order; every metric logged while the server was down reaches the run). On the team's
 server (PostgreSQL, S3, basic auth), a training loop registers real checkpoints while the database stops and
 the store becomes unreachable (docs/mlflow-server.md, "Faults under load").
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +27,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 import torch
-from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, Launch, registered_settings
+from conftest import REGISTERED_EXPERIMENT, REGISTERED_MODEL, Launch, assert_metrics_reached_mlflow, registered_settings
 from helpers import RunStatuses, failed_attempts, record_fault
 
 from common.atomic import OutOfSpace
@@ -314,24 +316,42 @@ def rank_processes(launcher_pid: int) -> list[psutil.Process]:
     ]
 
 
+def console_steps(log_path: Path, max_steps: int) -> list[int]:
+    """The steps a launch's rank 0 has printed so far (``step N/MAX | ...``: a train or an eval record)."""
+    return [int(step) for step in re.findall(rf"^step (\d+)/{max_steps} \|", log_path.read_text(), re.MULTILINE)]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
 @pytest.mark.full
 @pytest.mark.integration
 def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicates(
     mlflow_server, launch_tiny_distillation
 ):
+    """Two outages of the tracking server, training going on through each. The first launch starts while the server
+    is down: its run is created late, its due saves queue and are registered once the server is back; rank 0 is then
+    SIGKILLed with saves still queued or in flight. The relaunch resumes into the same run and loses the server
+    mid-run: its metrics wait in memory and reach the run once the server is back, the console warning once, and
+    saying so. In the end every due save is one version, in step order, and the run is FINISHED. (The mid-run outage
+    was a launch and a relaunch of its own in test_end_to_end; here it costs one more server restart.)"""
     from mlflow import MlflowClient
 
     uri, name = mlflow_server.uri, "outage-student"
     settings = ["checkpoint.every_steps=3", "checkpoint.keep_last=1", "eval.every_steps=6", "logging.every_steps=1",
                 f"mlflow.tracking_uri={uri}", "mlflow.experiment=registered-outage", f"mlflow.register_as={name}",
-                "mlflow.register_checkpoints=4", "mlflow.start_timeout_s=0", "mlflow.retry_max_s=2"]  # fmt: skip
+                "mlflow.register_checkpoints=4", "mlflow.retry_max_s=2"]  # fmt: skip
     # A save due every 12 steps: while the registry's worker starts (on idle CPU only, the ranks busy), the run trains
     # on for a hundred steps or more, and each due save queued meanwhile is a version the relaunch registers at its end
     # (about a second each): 12, not 6, halves them.
     client = MlflowClient(uri)
     mlflow_server.stop()
-    try:  # The run starts with the registry down: its due saves (every 12 steps) queue up.
-        run = launch_tiny_distillation("max_steps=5000", *settings)  # killed long before its end
+    try:  # The run starts with the registry down, not waiting for it: its due saves (every 12 steps) queue up.
+        run = launch_tiny_distillation("max_steps=5000", *settings, "mlflow.start_timeout_s=0")  # killed before its end
         queue = run.output_dir / QUEUE_DIR
         deadline = time.monotonic() + 300
         while len(pending_snapshots(queue)) < 2:
@@ -346,6 +366,14 @@ def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicat
         assert run.process.poll() is None, run.log_path.read_text()[-6000:]
         assert time.monotonic() < deadline, (run.output_dir / "registering.log").read_text()[-4000:]
         time.sleep(0.5)
+    # The run, created late, holds every step logged so far, also those logged before it existed.
+    (tracked,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
+    run_id, sent = tracked.info.run_id, max(r["step"] for r in run.records())
+
+    def steps_on_server() -> set[int]:
+        return {m.step for m in client.get_metric_history(run_id, "train/loss")}
+
+    wait_for(lambda: set(range(1, sent + 1)) <= steps_on_server(), 120, f"steps up to {sent} not on the server")
 
     # SIGKILL rank 0 (the registrar's process) with saves still queued or in flight; relaunch to a near end.
     rank0 = [p for p in rank_processes(run.process.pid) if "--local_rank=0" in p.cmdline()]
@@ -353,13 +381,37 @@ def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicat
     os.kill(rank0[0].pid, signal.SIGKILL)
     assert run.process.wait(timeout=120) != 0
     assert "unreachable" in run.log_path.read_text()  # (the relaunch writes the same console file)
+    killed_records = run.records()  # sent or not (the relaunch cuts metrics.jsonl back to its resume step)
     # Killed, the run stays RUNNING: logging the checkpoints' models into it never marked it finished.
-    (tracked,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
-    assert tracked.info.status == "RUNNING"
+    assert client.get_run(run_id).info.status == "RUNNING"
     killed_at = int((run.output_dir / "checkpoints" / "latest").read_text().split("-")[1])
-    end = killed_at + 13  # one more due save in the relaunch
+    # Two more due saves in the relaunch, and steps enough to train on through its outage: they cost next to no
+    # time, as its end waits for the server's restart anyway.
+    end = killed_at + 25
+    # The relaunch waits for the run at its start (mlflow.start_timeout_s's default): it trains into the resumed run.
     resumed = launch_tiny_distillation(f"max_steps={end}", *settings)
-    assert f"resumed from step {killed_at}" in resumed.wait()
+
+    def trained() -> list[int]:  # the relaunch's steps so far; it trains on
+        assert resumed.process.poll() is None, resumed.log_path.read_text()[-6000:]
+        return console_steps(resumed.log_path, end)
+
+    try:  # Once it has trained a step, the server goes away: a mid-run outage.
+        deadline = time.monotonic() + 600
+        while not trained():
+            assert time.monotonic() < deadline, "the relaunch trained no step"
+            time.sleep(0.2)
+        mlflow_server.stop()
+        down_after = max(trained())
+        # Training goes on without the server: three more steps at least.
+        while max(trained()) < down_after + 3:
+            time.sleep(0.2)
+        logged_while_down = sorted({s for s in console_steps(resumed.log_path, end) if s > down_after})
+    finally:
+        mlflow_server.start()  # same port, SQLite file and artifact directory
+    log = resumed.wait()
+    assert f"resumed from step {killed_at}" in log
+    assert log.count(f"tracking server {uri} unreachable") == 1  # warned once, not once per step
+    assert "reachable again" in log
 
     found = versions_by_step(client, name)
     due = [step for step in range(12, end, 12)]
@@ -370,17 +422,20 @@ def test_registrations_survive_a_server_outage_and_a_killed_run_without_duplicat
     assert client.get_model_version_by_alias(name, "latest").tags["step"] == str(end)
     assert not pending_snapshots(queue)
     (again,) = client.search_runs([client.get_experiment_by_name("registered-outage").experiment_id])
-    assert again.info.run_id == tracked.info.run_id and again.info.status == "FINISHED"
+    assert again.info.run_id == run_id and again.info.status == "FINISHED"
+
+    # Every value the relaunch logged reached the run, those logged while the server was down too; besides them the
+    # run holds only values the killed launch logged: every step up to `sent`, and what it sent after that before it
+    # died (a SIGKILL loses what was still in memory: metrics.jsonl keeps it), exactly (assert_metrics_reached_mlflow).
+    relaunched = [r for r in run.records() if r["step"] > killed_at]
+    assert max(r["step"] for r in relaunched) == end
+    assert_metrics_reached_mlflow(client, run_id, relaunched, killed=killed_records)
+    on_server = steps_on_server()
+    assert set(logged_while_down) <= on_server and len(logged_while_down) >= 3
+    assert set(range(1, sent + 1)) | set(range(killed_at + 1, end + 1)) <= on_server <= set(range(1, end + 1))
 
 
 # ------------------------------------------------------------------------ faults under load, on the team's server
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 @pytest.mark.full
 @pytest.mark.integration
 def test_registrations_under_faults_wait_retry_and_land_once_each_in_order_while_training_never_waits(
