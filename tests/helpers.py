@@ -138,8 +138,8 @@ def record_fault(name: str, **record: object) -> None:
 
 # ------------------------------------------------------------------ a real DeepSpeed engine's measurements
 # Launches running together: all five of the full tier's. Measured (both files' probe tests, a 2-core machine that
-# other jobs shared, load 7-13): one after another 148 s and 245 s; 2 at once 165 s, 3 at once 114 s, 5 at once 112 s
-# and 139 s. The CPU time was 110-170 s in either way (noisy): overlapping launches fill the cores' idle time.
+# other jobs shared, load 5-14): one after another 148, 245, 164 s; 2 at once 165 s, 3 at once 114 s, 5 at once 112,
+# 139, 160 s. The gain is the cores' idle time, so it shrinks as other jobs fill them; not yet measured on a quiet one.
 PROBES_AT_ONCE = 5
 
 
