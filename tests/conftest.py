@@ -25,7 +25,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from helpers import (
     SAMPLE_CORPUS,
     TINY_DATASET_SETTINGS,
+    EngineProbes,
     MotoServer,
+    Probe,
     build_dataset,
     build_tiny_teacher,
 )
@@ -47,6 +49,21 @@ def sample_corpus() -> Path:
 @pytest.fixture(scope="session")
 def tiny_teacher_dir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer_dir: Path) -> Path:
     return build_tiny_teacher(tmp_path_factory.mktemp("tiny-teacher"), bert_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def engine_probes(
+    request: pytest.FixtureRequest, tiny_teacher_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProbes]:
+    """Real DeepSpeed engines' measurements over the tiny teacher (``helpers.EngineProbes``): every engine this
+    session's selected tests name (their ``probe`` parameter, a ``helpers.Probe``) launched together at the first
+    test that asks, so that ``-k`` one test launches that test's engine alone."""
+    named = [item.callspec.params.get("probe") for item in request.session.items if hasattr(item, "callspec")]
+    probes = EngineProbes(
+        [p for p in named if isinstance(p, Probe)], tiny_teacher_dir, tmp_path_factory.mktemp("engines")
+    )
+    yield probes
+    probes.close()
 
 
 @pytest.fixture(scope="session")

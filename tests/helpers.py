@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,25 +136,133 @@ def record_fault(name: str, **record: object) -> None:
         (Path(where) / f"{name}.json").write_text(json.dumps({"test": test, **record}, indent=2))
 
 
-PROBED: dict[tuple[int, tuple[str, ...]], dict] = {}  # engine_probe's launches in this session, by their arguments
+# ------------------------------------------------------------------ a real DeepSpeed engine's measurements
+# Launches running together: all five of the full tier's. Measured (both files' probe tests, a 2-core machine that
+# other jobs shared, load 5-14): one after another 148, 245, 164 s; 2 at once 165 s, 3 at once 114 s, 5 at once 112,
+# 139, 160 s. The gain is the cores' idle time, so it shrinks as other jobs fill them; not yet measured on a quiet one.
+PROBES_AT_ONCE = 5
 
 
-def engine_probe(ranks: int, out_dir: Path, overrides: list[str]) -> dict:
-    """Launch ``tests/trainer/engine_probe.py`` with the real ``deepspeed`` launcher on ``ranks`` CPU ranks (gloo)
-    over ``configs/tiny-cpu.yaml`` and ``overrides``; its measurements (memory held, communication per step,
-    checkpoint bytes). Once a session for the same ranks and overrides: the memory and the communication tests
-    (test_plan.py, test_plan_cluster.py) read one launch where they probe the same engine."""
-    key = (ranks, tuple(overrides))
-    if key not in PROBED:
-        out = out_dir / "engine.json"
+@dataclass(frozen=True)
+class Probe:
+    """One engine ``tests/trainer/engine_probe.py`` measures: configs/tiny-cpu.yaml with the shipped ZeRO JSON
+    ``configs/deepspeed/ZERO.json``, on ``ranks`` CPU ranks, in ``precision``, micro-batch 2 of ``global_batch``.
+
+    Tests name the engine they check by parametrising an argument called ``probe`` with one: the ``engine_probes``
+    fixture sees them there and launches every engine the session's tests name at once. Equal probes are one
+    launch (test_plan.py's memory and test_plan_cluster.py's communication cases share theirs)."""
+
+    zero: str
+    ranks: int
+    precision: str
+    global_batch: int
+
+    def __str__(self) -> str:  # the test's id
+        return f"{self.zero}-{self.ranks}-{self.precision}-{self.global_batch}"
+
+    def overrides(self, teacher: Path) -> list[str]:
+        """The config's overrides for this engine with ``teacher`` (no data: the probe trains on random batches)."""
+        return [
+            f"teacher={teacher}",
+            "data=unused",
+            "output_dir=unused",
+            "micro_batch_size=2",
+            f"global_batch_size={self.global_batch}",
+            f"deepspeed.config=configs/deepspeed/{self.zero}.json",
+            f"deepspeed.precision={self.precision}",
+        ]
+
+
+class EngineProbes:
+    """The measurements of real DeepSpeed engines (memory held, communication per step, checkpoint bytes): each
+    :class:`Probe` launched once a session, by the real ``deepspeed`` launcher on CPU ranks (gloo), over ``teacher``.
+
+    Why together: a launch spends most of its ~15-20 s in single-threaded Python start-up (the launcher's and the
+    ranks' imports), so on a 2-core machine launches that overlap finish sooner than one after the other. The first
+    :meth:`measure` starts those named in ``wanted`` (the session's tests, in their order), ``PROBES_AT_ONCE`` at a
+    time, the one asked for first; each later one finds its engine finished or running. A probe nobody announced is
+    launched when asked for. Each launch has its own master port and output file, its console in ``PROBE.log``
+    beside it; a failed launch fails the tests that read it, with the end of its console."""
+
+    def __init__(self, wanted: Iterable[Probe], teacher: Path, out_dir: Path, timeout: float = 300) -> None:
+        self.waiting = list(dict.fromkeys(wanted))  # not started yet, duplicates dropped
+        self.teacher = teacher
+        self.out_dir = out_dir
+        self.timeout = timeout
+        self.running: dict[Probe, tuple[subprocess.Popen, int, float]] = {}  # probe -> process, port, start time
+        self.measured: dict[Probe, dict | str] = {}  # probe -> its measurements, or why it has none
+
+    def measure(self, probe: Probe) -> dict:
+        """``probe``'s measurements (a copy: tests may change theirs), waiting for its launch to finish."""
+        if probe not in self.measured and probe not in self.running:
+            self.waiting = [probe, *(p for p in self.waiting if p != probe)]
+        while probe not in self.measured:
+            while self.waiting and len(self.running) < PROBES_AT_ONCE:
+                self.start(self.waiting.pop(0))
+            time.sleep(0.2)
+            for started in [p for p, (process, _, at) in self.running.items() if self.finished(process, at)]:
+                self.collect(started)
+        result = self.measured[probe]
+        assert isinstance(result, dict), result
+        return copy.deepcopy(result)
+
+    def files(self, probe: Probe) -> tuple[Path, Path]:
+        """Where ``probe``'s launch writes its measurements, and its console."""
+        return self.out_dir / f"{probe}.json", self.out_dir / f"{probe}.log"
+
+    def start(self, probe: Probe) -> None:
+        """``deepspeed --num_gpus RANKS --master_port PORT tests/trainer/engine_probe.py OUT.json ...`` in the
+        background, in its own process group (:meth:`close` ends the launcher and its ranks together). The port
+        is one no other running launch was given."""
+        ports = {port for _, port, _ in self.running.values()}
+        port = free_port()
+        while port in ports:
+            port = free_port()
+        out, console = self.files(probe)
         deepspeed = Path(sys.executable).parent / "deepspeed"
-        cmd = [str(deepspeed), "--num_gpus", str(ranks), "tests/trainer/engine_probe.py", str(out)]
+        launcher = [str(deepspeed), "--num_gpus", str(probe.ranks), "--master_port", str(port)]
+        cmd = [*launcher, "tests/trainer/engine_probe.py", str(out), "configs/tiny-cpu.yaml"]
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # and the tests' launcher site
-        done = run_in_repo([*cmd, "configs/tiny-cpu.yaml", *overrides], {**env, "PYTHONPATH": path}, timeout=300)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        PROBED[key] = json.loads(out.read_text())
-    return copy.deepcopy(PROBED[key])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # and the tests'
+        with console.open("w") as log:  # a file, not a pipe: nobody reads a pipe while other launches are awaited
+            process = subprocess.Popen(
+                [*cmd, *probe.overrides(self.teacher)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.running[probe] = (process, port, time.monotonic())
+
+    def finished(self, process: subprocess.Popen, started: float) -> bool:
+        """Whether ``process`` exited, or ran past the timeout (then it is ended)."""
+        if process.poll() is None and time.monotonic() - started > self.timeout:
+            self.end(process)
+        return process.poll() is not None
+
+    def collect(self, probe: Probe) -> None:
+        """A finished launch's measurements, or the end of its console where it wrote none."""
+        process, _, _ = self.running.pop(probe)
+        out, console = self.files(probe)
+        if process.returncode == 0 and out.exists():
+            self.measured[probe] = json.loads(out.read_text())
+        else:
+            said = console.read_text(errors="replace")[-6000:]
+            self.measured[probe] = f"engine probe {probe} exited {process.returncode}:\n{said}"
+
+    @staticmethod
+    def end(process: subprocess.Popen) -> None:
+        """SIGKILL ``process``'s group (the launcher and its ranks) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def close(self) -> None:
+        """End the launches still running (a session stopped early: ``-x``, Ctrl-C)."""
+        for process, _, _ in self.running.values():
+            self.end(process)
+        self.running.clear()
 
 
 def build_tiny_teacher(dest: Path, tokenizer_dir: Path, layers: int = 4) -> Path:

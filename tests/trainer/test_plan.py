@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import engine_probe
+from helpers import EngineProbes, Probe
 
 from common.cli import run_cli
 from common.config import ConfigError, load_config
@@ -213,19 +213,20 @@ def test_peak_on_meta_equals_the_cpu_allocators_peak(tiny_teacher_dir: Path, tmp
 
 @pytest.mark.full
 @pytest.mark.parametrize(
-    ("zero", "precision", "global_batch"),
+    "probe",
     [
-        # the launches of test_plan_cluster.py's 2-rank communication cases (helpers.engine_probe: one each), with
-        # an accumulation of 2: ZeRO-1 keeps its bucket between the micro-steps, ZeRO-3 its partition and bucket
-        ("zero1", "bf16", 8),
-        ("zero3", "fp32", 8),
+        # the launches of test_plan_cluster.py's 2-rank communication cases (one each: equal probes), with an
+        # accumulation of 2: ZeRO-1 keeps its bucket between the micro-steps, ZeRO-3 its partition and bucket
+        Probe("zero1", 2, "bf16", 8),
+        Probe("zero3", 2, "fp32", 8),
         # ZeRO-2 without accumulation: between micro-steps it also holds the reduced gradients' partition, which
         # plan does not count (memory_per_rank's "Not counted")
-        ("zero2", "fp32", 4),
+        Probe("zero2", 2, "fp32", 4),
     ],
+    ids=str,
 )
 def test_memory_parts_equal_what_a_real_engine_keeps(
-    tiny_teacher_dir: Path, tmp_path: Path, zero: str, precision: str, global_batch: int
+    tiny_teacher_dir: Path, engine_probes: EngineProbes, probe: Probe
 ) -> None:
     """``plan``'s memory per rank against the tensors a real DeepSpeed engine keeps on two CPU ranks (the
     launcher, gloo; ``tests/trainer/engine_probe.py``), with the shipped ZeRO JSON: between steps it holds
@@ -234,10 +235,8 @@ def test_memory_parts_equal_what_a_real_engine_keeps(
     out: on CPU ranks the offloaded states sit in the same memory as everything else."""
     from trainer.runtime.engine import deepspeed_config
 
-    overrides = [f"teacher={tiny_teacher_dir}", "data=unused", "output_dir=unused", "micro_batch_size=2"]
-    overrides += [f"global_batch_size={global_batch}", f"deepspeed.config=configs/deepspeed/{zero}.json"]
-    overrides += [f"deepspeed.precision={precision}"]
-    engine = engine_probe(2, tmp_path, overrides)
+    overrides = probe.overrides(tiny_teacher_dir)
+    engine = engine_probes.measure(probe)
 
     cfg = load_config(TrainConfig, REPO / "configs" / "tiny-cpu.yaml", overrides)
     teacher_config = load_teacher_config(cfg.teacher)
@@ -249,7 +248,9 @@ def test_memory_parts_equal_what_a_real_engine_keeps(
     between_steps = planned["teacher"] + planned["student_weights"] + planned["optimizer_states"]
     between_steps += planned["gradient_partition"]
     in_backward = planned["buckets"] + engine["word_embedding_grad"]
-    if zero == "zero3":  # its bucket is held for the run; in backward, the gathered word embedding beside its gradient
+    if (
+        probe.zero == "zero3"
+    ):  # its bucket is held for the run; in backward, the gathered word embedding beside its gradient
         between_steps, in_backward = between_steps + planned["buckets"], 2 * engine["word_embedding_grad"]
     # Within 0.5%: the rest is a few KB (AdamW's step counters, the batch, padding of the partitions); a part
     # missing or counted whole instead of partitioned would be tens of percent.

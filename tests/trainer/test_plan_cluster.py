@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import engine_probe
+from helpers import EngineProbes, Probe
 
 from common.config import ConfigError, load_config
 from trainer.commands import plan as plan_command
@@ -40,28 +40,27 @@ def planned(overrides: list[str], world: int) -> tuple[dict[str, int], int]:
 
 @pytest.mark.full
 @pytest.mark.parametrize(
-    ("zero", "ranks", "precision", "global_batch"),
+    "probe",
     [
-        ("zero1", 2, "bf16", 8),  # accumulation 2: ZeRO-1 still reduces once per step
-        ("zero2", 2, "fp32", 8),  # accumulation 2: ZeRO-2 reduces at every micro-step
-        ("zero3", 2, "fp32", 8),
+        Probe("zero1", 2, "bf16", 8),  # accumulation 2: ZeRO-1 still reduces once per step
+        Probe("zero2", 2, "fp32", 8),  # accumulation 2: ZeRO-2 reduces at every micro-step
+        Probe("zero3", 2, "fp32", 8),
         # A second world size, on the stage whose partitions it shapes most (every tensor gathered and scattered).
         # ZeRO-1's and -2's 4-rank launches (~25 s each) left the suite: at 2 ranks their volumes already depend on
         # the world size (each rank gathers the other's half), against DeepSpeed's own count.
-        ("zero3", 4, "bf16", 16),
+        Probe("zero3", 4, "bf16", 16),
     ],
+    ids=str,
 )
 def test_communication_per_step_equals_what_deepspeed_logs(
-    tiny_teacher_dir: Path, tmp_path: Path, zero: str, ranks: int, precision: str, global_batch: int
+    tiny_teacher_dir: Path, engine_probes: EngineProbes, probe: Probe
 ) -> None:
     """Bytes per optimizer step handed to each kind of collective, as DeepSpeed's communication logger counts
     them on a real engine (the launcher, gloo), equal ``plan``'s to the byte; what plan leaves out is under
     1 KiB a step. The checkpoint a save writes is within 2 % of ``plan``'s (the rest is torch.save's framing)."""
-    overrides = [f"teacher={tiny_teacher_dir}", "data=unused", "output_dir=unused", "micro_batch_size=2"]
-    overrides += [f"global_batch_size={global_batch}", f"deepspeed.config=configs/deepspeed/{zero}.json"]
-    overrides += [f"deepspeed.precision={precision}"]
-    engine = engine_probe(ranks, tmp_path, overrides)
-    expected, checkpoint = planned(overrides, ranks)
+    overrides = probe.overrides(tiny_teacher_dir)
+    engine = engine_probes.measure(probe)
+    expected, checkpoint = planned(overrides, probe.ranks)
 
     measured: dict[str, int] = {}
     control = 0
