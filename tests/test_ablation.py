@@ -269,23 +269,20 @@ def test_ablation_runs_end_to_end_at_toy_size(tmp_path: Path) -> None:
     assert "Does the distillation beat the layers it starts from" in table and "| minilm-a - minilm-f | " in table
 
     # The call returned a report per family; --merge joins them here into the whole run's rows, as it joins
-    # the reports of calls that each ran one family.
-    merged_dir = tmp_path / "merged"
-    parts = [returned / "ablation-minilm.json", returned / "ablation-bert.json"]
-    merge = [sys.executable, str(quality / "ablation_report.py"), str(merged_dir), "--merge", *map(str, parts)]
-    subprocess.run(merge, env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
-    merged = json.loads((merged_dir / "ablation.json").read_text())
+    # the reports of calls that each ran one family. The command line's --merge ran in gpu_run.sh (its table is
+    # the call's ablation.md); here its functions, in this process.
+    from benchmarks.quality.ablation_report import markdown, merge
+
+    parts = [json.loads((returned / f"ablation-{family}.json").read_text()) for family in ("minilm", "bert")]
+    merged = merge(parts)
     assert merged["rows"] == report["rows"] and merged["steps"] == report["steps"]
     assert len(merged["parts"]) == 2 and merged["invocations"] == 1  # one call: its time counted once
-    assert table_rows((merged_dir / "ablation.md").read_text()) == table_rows(table)
-    assert (returned / "ablation.md").read_text() == (merged_dir / "ablation.md").read_text()
+    assert table_rows(markdown(merged)) == table_rows(table)
+    assert (returned / "ablation.md").read_text() == markdown(merged)
     # A suite run at one rate (the cpu scale's) is named by the rate its report recorded.
-    one_rate = json.loads(parts[0].read_text())
+    one_rate = json.loads((returned / "ablation-minilm.json").read_text())
     one_rate["suite_config"].update(lr=3e-4, lrs=None)
-    (tmp_path / "one-rate.json").write_text(json.dumps(one_rate))
-    merge_one = [*merge[:2], str(tmp_path / "one-rate"), "--merge", str(tmp_path / "one-rate.json")]
-    printed = subprocess.run(merge_one, env=env, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
-    assert "seeds [0], learning rate 0.0003." in printed.stdout
+    assert "seeds [0], learning rate 0.0003." in markdown(merge([one_rate]))
 
     # Each suite recorded every run in its work_dir, for a suite started again to reuse (evaluate-suite's test).
     for name in ("suite-bert", "suite-minilm", "probe-bert", "probe-minilm"):

@@ -136,13 +136,15 @@ def test_next_answers_the_open_items_in_order_continues_from_the_committed_and_l
     before = {name: (out / f"{name}.json").read_bytes() for name in ("engine-preset", "attn0-preset")}
     call = next_call(out, env, budget_s=540)
     log = out / "next.log"
-    for _ in range(600):
-        if log.exists() and "=== compiled-floor run 1" in log.read_text():
+    inside = tmp_path / "next-work" / "compiled-floor" / "run-0"  # made by train_throughput.py once it has started
+    for _ in range(1200):
+        if inside.is_dir() or call.poll() is not None:
             break
-        time.sleep(0.5)
-    time.sleep(8)  # inside the item: train_throughput.py importing, its random teacher, its first run
-    os.killpg(call.pid, signal.SIGKILL)
+        time.sleep(0.25)
+    if call.poll() is None:
+        os.killpg(call.pid, signal.SIGKILL)
     call.wait(timeout=60)
+    assert inside.is_dir() and call.returncode == -signal.SIGKILL, log.read_text()[-4000:]  # killed in the item
     assert "=== compiled-floor run 1" in log.read_text()
     assert {name: (out / f"{name}.json").read_bytes() for name in before} == before  # earlier answers, untouched
     assert not (out / "compiled-floor.json").exists()  # the item it was in: nothing, not a part
