@@ -137,12 +137,6 @@ def record_fault(name: str, **record: object) -> None:
 
 
 # ------------------------------------------------------------------ a real DeepSpeed engine's measurements
-# Launches running together: all five of the full tier's. Measured (both files' probe tests, a 2-core machine that
-# other jobs shared, load 5-14): one after another 148, 245, 164 s; 2 at once 165 s, 3 at once 114 s, 5 at once 112,
-# 139, 160 s. The gain is the cores' idle time, so it shrinks as other jobs fill them; not yet measured on a quiet one.
-PROBES_AT_ONCE = 5
-
-
 @dataclass(frozen=True)
 class Probe:
     """One engine ``tests/trainer/engine_probe.py`` measures: configs/tiny-cpu.yaml with the shipped ZeRO JSON
@@ -178,14 +172,14 @@ class EngineProbes:
     :class:`Probe` launched once a session, by the real ``deepspeed`` launcher on CPU ranks (gloo), over ``teacher``.
 
     Why together: a launch spends most of its ~15-20 s in single-threaded Python start-up (the launcher's and the
-    ranks' imports), so on a 2-core machine launches that overlap finish sooner than one after the other. The first
-    :meth:`measure` starts those named in ``wanted`` (the session's tests, in their order), ``PROBES_AT_ONCE`` at a
-    time, the one asked for first; each later one finds its engine finished or running. A probe nobody announced is
-    launched when asked for. Each launch has its own master port and output file, its console in ``PROBE.log``
-    beside it; a failed launch fails the tests that read it, with the end of its console."""
+    ranks' imports), so on a 2-core machine launches that overlap finish sooner than one after the other (the full
+    tier's five, all at once, measured against one after another). The first :meth:`measure` starts every probe
+    named in ``wanted`` (the session's tests); each later one finds its engine finished or running. A probe nobody
+    announced is launched when asked for. Each launch has its own master port and output file, its console in
+    ``PROBE.log`` beside it; a failed launch fails the tests that read it, with the end of its console."""
 
     def __init__(self, wanted: Iterable[Probe], teacher: Path, out_dir: Path, timeout: float = 300) -> None:
-        self.waiting = list(dict.fromkeys(wanted))  # not started yet, duplicates dropped
+        self.waiting = list(wanted)  # not started yet
         self.teacher = teacher
         self.out_dir = out_dir
         self.timeout = timeout
@@ -194,11 +188,11 @@ class EngineProbes:
 
     def measure(self, probe: Probe) -> dict:
         """``probe``'s measurements (a copy: tests may change theirs), waiting for its launch to finish."""
-        if probe not in self.measured and probe not in self.running:
-            self.waiting = [probe, *(p for p in self.waiting if p != probe)]
+        for wanted in dict.fromkeys([probe, *self.waiting]):
+            if wanted not in self.measured and wanted not in self.running:
+                self.start(wanted)
+        self.waiting = []
         while probe not in self.measured:
-            while self.waiting and len(self.running) < PROBES_AT_ONCE:
-                self.start(self.waiting.pop(0))
             time.sleep(0.2)
             for started in [p for p, (process, _, at) in self.running.items() if self.finished(process, at)]:
                 self.collect(started)
