@@ -35,11 +35,13 @@ from common.config import ConfigError
 from trainer.tracking.checkpoints import (
     QUEUE_DIR,
     REQUEST,
+    STARTING,
     WORKER_LOG,
     CheckpointRegistrar,
     pending_snapshots,
     remove_snapshot,
     snapshot,
+    start_worker,
 )
 from trainer.tracking.config import MlflowConfig
 from trainer.tracking.registry import advance_alias, registered_version
@@ -129,6 +131,36 @@ class NoRunYet:
     run_id = None
     created = False
     tracking_uri = "http://127.0.0.1:9"
+
+
+def test_the_registrars_worker_starts_and_forks_take_turns(tmp_path):
+    """A process forked while the registrar starts its worker kept Popen's start-up pipe open for its whole life: a
+    rank's data-loader worker, forked by the main thread meanwhile, held the registrar in Popen (and its lock) until
+    training ended, and the end of training waited on that lock for ever (a killed run's relaunch, under load). A fork
+    waits for a start in flight, and a start for a fork in flight (STARTING, taken by os.fork's hooks)."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    children: list = []
+    forking = threading.Thread(target=lambda: children.append(fork.Process(target=time.sleep, args=(0,))) or
+                               children[0].start())  # fmt: skip
+    with STARTING:  # a start in flight
+        forking.start()
+        forking.join(0.5)
+        assert forking.is_alive() and (not children or children[0].pid is None)  # the fork waits for it
+    forking.join(30)
+    children[0].join(30)
+    assert children[0].exitcode == 0
+
+    started: list[subprocess.Popen] = []
+    with (tmp_path / "out.log").open("w") as out:
+        starting = threading.Thread(target=lambda: started.append(start_worker(["true"], out, dict(os.environ))))
+        with STARTING:  # a fork in flight (what os.fork's hook holds while it forks)
+            starting.start()
+            starting.join(0.5)
+            assert starting.is_alive() and not started  # the start waits for it
+        starting.join(30)
+    assert started[0].wait(timeout=30) == 0
 
 
 def test_due_saves_are_queued_and_the_last_step_is_left_to_the_end_of_training(tmp_path, capsys):

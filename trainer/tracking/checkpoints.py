@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from common.atomic import FULL, explaining_full_disk
 from trainer.tracking.config import MlflowConfig
@@ -60,6 +60,15 @@ WORKER_LOG = "registering.log"  # the worker processes' output, beside the queue
 REFUSED = 3  # a worker's exit status when the registry refused it (no permission): not an outage to wait out
 # A rank's distributed identity must not reach the worker: it is no rank, and joins no process group.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK")
+
+# Starting a worker and forking take turns. Popen learns that its child has started through a pipe it reads until
+# every copy of the pipe's write end is closed; a process forked in between (a data-loader worker: the main thread
+# forks those while this thread starts a worker) keeps a copy for as long as it lives, which for a rank's loader is
+# the whole run. The registrar then sat in Popen holding its lock, close() waited on that lock at the end of training,
+# and the other ranks timed out in their next collective. So every os.fork (multiprocessing's, the data loader's)
+# waits for a start in flight, and a start waits for a fork in flight (subprocess's own fork runs no such hooks).
+STARTING = threading.Lock()
+os.register_at_fork(before=STARTING.acquire, after_in_parent=STARTING.release, after_in_child=STARTING.release)
 
 
 def pending_snapshots(queue: Path) -> list[Path]:
@@ -203,7 +212,7 @@ class CheckpointRegistrar:
         with self.lock, self.log_path.open("a", encoding="utf-8") as out:
             if self.stopped:
                 return False
-            self.worker = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.worker = start_worker(command, out, env)
             if not self.closing.is_set():  # training runs: at once, as its imports alone are seconds of CPU
                 yield_to_training(self.worker.pid)
         # A blocking wait: polling with a timeout would wake this thread 20 times a second, and each wake takes
@@ -255,6 +264,12 @@ def start_registrar(
     if not is_main or not cfg.checkpoint_every:
         return NullRegistrar()
     return CheckpointRegistrar(cfg, output_dir, run, save_every_steps=save_every_steps, max_steps=max_steps)
+
+
+def start_worker(command: list[str], out: IO[str], env: dict[str, str]) -> subprocess.Popen:
+    """``command`` started with its output into ``out``, not while a fork is in flight (:data:`STARTING`)."""
+    with STARTING:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def yield_to_training(pid: int) -> None:
