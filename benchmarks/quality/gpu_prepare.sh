@@ -13,7 +13,7 @@
 # and prints each size and the total a device call carries with the tracked tree (64 MiB at most).
 # CORPORA_DIR: $ABLATION_CORPORA, else ../shared/corpora (as ablation.sh). PY: the interpreter.
 # The CPU test (tests/test_ablation.py) prepares the toy scale: ABLATION_SCALE=toy, SKIP_WHEELS=1 (nothing to
-# install there), GPU_ABLATION_WORK (step 1's output directory), GPU_INPUTS_XZ_PRESET=1 (faster packing).
+# install there), GPU_ABLATION_WORK (step 1's output directory), GPU_INPUTS_XZ_PRESET=0 (faster packing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.gpu-ablation}
