@@ -12,6 +12,7 @@
 #   DEMO_OUTPUT     where everything goes (default: demo-output; wiped at the start)
 #   DEMO_MAX_STEPS  distillation steps (default: max_steps in configs/demo-minilm-3l.yaml)
 #   DEMO_FT_EPOCHS  fine-tuning epochs (default: 1)
+#   DEMO_FT_MAX_SEQ_LEN  fine-tuning's tokens per example (default: 128)
 #   DEMO_SUITE_TRAIN_SIZE, DEMO_SUITE_DEV_SIZE, DEMO_SUITE_VALID_SIZE  the suite task's train, dev and test
 #                   examples (default: 200, 200, 200)
 set -euo pipefail
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${DEMO_OUTPUT:-demo-output}
 FT_EPOCHS=${DEMO_FT_EPOCHS:-1}
+FT_MAX_SEQ_LEN=${DEMO_FT_MAX_SEQ_LEN:-128}
 PYTHON=${PYTHON:-python}
 
 export HF_HUB_OFFLINE=1                       # everything below is local; never wait on a model hub
@@ -67,7 +69,7 @@ PY
 
 step finetune "5/6 fine-tuning the student: Python docs vs Linux docs (demo/classify.jsonl)"
 "$PYTHON" -m trainer finetune model=models:/demo-minilm-3l@demo data=demo/classify.jsonl \
-    output_dir="$OUT/finetune" epochs="$FT_EPOCHS" max_seq_len=128
+    output_dir="$OUT/finetune" epochs="$FT_EPOCHS" max_seq_len="$FT_MAX_SEQ_LEN"
 
 SUITE_TASK=debian-section
 step suite "6/6 the student and its teacher on the suite task $SUITE_TASK (python -m trainer evaluate-suite)"

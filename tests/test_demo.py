@@ -29,6 +29,7 @@ def test_demo_runs_end_to_end_at_reduced_size(tmp_path: Path):
         "DEMO_OUTPUT": str(out),
         "DEMO_MAX_STEPS": "2",  # the first and the last step: the loop, the export and registration
         "DEMO_FT_EPOCHS": "1",
+        "DEMO_FT_MAX_SEQ_LEN": "64",  # the fine-tune was 60 % of the test's CPU at 128; the texts average ~42 words
         "DEMO_SUITE_TRAIN_SIZE": "16",
         "DEMO_SUITE_DEV_SIZE": "16",
         "DEMO_SUITE_VALID_SIZE": "16",
