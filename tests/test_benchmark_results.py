@@ -25,7 +25,7 @@ def test_every_figure_in_the_readme_table_is_in_its_file():
     throughput = json.loads((REPO / "docs/gpu-campaign/throughput.json").read_text())
     headline = next(c for c in throughput["cases"] if c["name"] == "distilbert-512-gb4096-mb64")
     assert f"{headline['tokens_per_s']:,.0f} tokens/s" in table
-    distilled = json.loads((REPO / "docs/quality/task-distill.json").read_text())["differences"]
+    distilled = json.loads((REPO / "docs/quality/task-distill.json").read_text())["study"]["comparisons"]
     alone = next(d for d in distilled if (d["first"], d["second"]) == ("task-distilled", "fine-tuned alone"))
     low, high = alone["ci95"]
     assert f"{alone['difference']:+.3f} [{low:+.3f}, {high:+.3f}]" in table
